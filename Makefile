@@ -1,0 +1,40 @@
+# outbox: PGXS build.  The version lives in outbox.control only.
+
+EXTENSION = outbox
+EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
+MODULE_big = outbox
+OBJS = src/outbox.o src/shmem.o src/emit.o src/launcher.o src/relay.o \
+	src/store.o src/kafka.o src/status.o
+DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+
+RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
+RDKAFKA_LIBS := $(shell pkg-config --libs rdkafka 2>/dev/null)
+ifeq ($(shell pkg-config --exists rdkafka && echo yes),)
+$(error librdkafka not found by pkg-config: install librdkafka-dev (Debian) and pkg-config)
+endif
+PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
+SHLIB_LINK = $(RDKAFKA_LIBS)
+
+# pg_regress: emit() without preload, against a throwaway instance
+REGRESS = setup emit capture privileges settings version
+REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
+
+# isolation: concurrency claims
+ISOLATION = aggregate_order
+ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_iso --temp-config=test/regress.conf
+
+# TAP: the workers' life, read back through kcat
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+PROVE_FLAGS = -I test/perl
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+test-broker:
+	$(MAKE) -C test/broker
+
+installcheck: test-broker
+
+.PHONY: test-broker

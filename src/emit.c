@@ -1,0 +1,515 @@
+/*-------------------------------------------------------------------------
+ *
+ * emit.c
+ *		outbox.emit(): validate an event and insert it into outbox.events.
+ *
+ * Invariants:
+ *	- emit() never talks to Kafka.  It inserts one row in the caller's
+ *	  transaction, so commit makes the event durable with the business data
+ *	  and rollback removes both.
+ *	- With outbox.aggregate_sequence on, the per-aggregate counter row is
+ *	  locked (upserted) before the event row's id is drawn.  Emitters of one
+ *	  aggregate therefore queue on that row lock, and for one aggregate id
+ *	  order, seq order and commit order are the same.  A rolled-back
+ *	  transaction rolls its counter increment back too: seq stays gapless.
+ *	- Everything a relay needs is resolved here, once: event id (UUIDv7),
+ *	  topic (validated as a legal Kafka name), key, tenant, traceparent.
+ *	- A transaction that emitted wakes its database's relay when it commits
+ *	  (a latch in shared memory); an aborted or prepared one wakes nobody.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "port/pg_bswap.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_uuid_v7);
+
+#define EMIT_NARGS 12
+
+/*
+ * The counter upsert runs first, as the source of the event insert, so its
+ * row lock is held before nextval() draws the event id.  Operators are
+ * schema-qualified because emit() runs as the extension owner.
+ */
+static const char *emit_sql_seq =
+"WITH s AS ("
+" INSERT INTO outbox.aggregates AS a (aggregate_type, aggregate_id, last_seq)"
+" VALUES ($2, $3, 1)"
+" ON CONFLICT (aggregate_type, aggregate_id)"
+" DO UPDATE SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
+" RETURNING a.last_seq)"
+" INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+" event_type, schema_version, topic, key, payload, headers, tenant,"
+" traceparent, occurred_at)"
+" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s";
+
+static const char *emit_sql_noseq =
+"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+" event_type, schema_version, topic, key, payload, headers, tenant,"
+" traceparent, occurred_at)"
+" VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+
+static SPIPlanPtr emit_plan_seq = NULL;
+static SPIPlanPtr emit_plan_noseq = NULL;
+
+/* set by emit(), consumed by the transaction callback */
+static bool wake_at_commit = false;
+
+/* last UUIDv7 timestamp of this backend, in 1/4096 ms since 1970 */
+static int64 uuid_last_tick = 0;
+
+static void emit_xact_callback(XactEvent event, void *arg);
+
+/*
+ * OutboxEmitInit
+ *		Register the commit callback, once per backend.
+ */
+void
+OutboxEmitInit(void)
+{
+	RegisterXactCallback(emit_xact_callback, NULL);
+}
+
+static void
+emit_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (wake_at_commit)
+			{
+				wake_at_commit = false;
+				OutboxWakeRelay(MyDatabaseId);
+			}
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* a prepared transaction is found by the relay's safety poll */
+			wake_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * OutboxTopicNameIsLegal
+ *		Whether Kafka accepts this topic name.
+ *
+ * Kafka allows 1..249 characters from [A-Za-z0-9._-], except "." and "..".
+ */
+bool
+OutboxTopicNameIsLegal(const char *name, int len)
+{
+	int			i;
+
+	if (len < 1 || len > OUTBOX_TOPIC_MAX_LEN)
+		return false;
+	if ((len == 1 && name[0] == '.') ||
+		(len == 2 && name[0] == '.' && name[1] == '.'))
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		char		c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+static bool
+is_lower_hex(const char *s, int n, bool *all_zero)
+{
+	int			i;
+
+	*all_zero = true;
+	for (i = 0; i < n; i++)
+	{
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+		if (s[i] != '0')
+			*all_zero = false;
+	}
+	return true;
+}
+
+/*
+ * OutboxTraceparentIsValid
+ *		Whether value is a W3C Trace Context traceparent header.
+ *
+ * Version 00 is exactly "vv-<32 hex>-<16 hex>-<2 hex>"; a later version may
+ * append "-..." fields.  Version ff and all-zero ids are invalid.
+ */
+bool
+OutboxTraceparentIsValid(const char *value)
+{
+	size_t		len = strlen(value);
+	bool		zero;
+
+	if (len < 55)
+		return false;
+	if (!is_lower_hex(value, 2, &zero) || strncmp(value, "ff", 2) == 0)
+		return false;
+	if (value[2] != '-' || value[35] != '-' || value[52] != '-')
+		return false;
+	if (!is_lower_hex(value + 3, 32, &zero) || zero)
+		return false;
+	if (!is_lower_hex(value + 36, 16, &zero) || zero)
+		return false;
+	if (!is_lower_hex(value + 53, 2, &zero))
+		return false;
+	if (strncmp(value, "00", 2) == 0)
+		return len == 55;
+	return len == 55 || value[55] == '-';
+}
+
+/*
+ * Template placeholders.  Expansion and validation share this table so a
+ * template the check hook accepted always expands.
+ */
+#define PLACEHOLDER_AGGREGATE_TYPE	0
+#define PLACEHOLDER_EVENT_TYPE		1
+
+static const char *const placeholders[] = {"{aggregate_type}", "{event_type}"};
+
+static int
+match_placeholder(const char *p)
+{
+	int			i;
+
+	for (i = 0; i < lengthof(placeholders); i++)
+		if (strncmp(p, placeholders[i], strlen(placeholders[i])) == 0)
+			return i;
+	return -1;
+}
+
+/*
+ * OutboxTopicTemplateIsValid
+ *		Check outbox.topic_template; on failure *bad gets a detail sentence.
+ */
+bool
+OutboxTopicTemplateIsValid(const char *tmpl, char **bad)
+{
+	const char *p;
+
+	if (tmpl == NULL || tmpl[0] == '\0')
+	{
+		*bad = pstrdup("The template must not be empty.");
+		return false;
+	}
+	for (p = tmpl; *p; p++)
+	{
+		int			ph;
+
+		if (*p != '{')
+		{
+			if (!OutboxTopicNameIsLegal(p, 1) && *p != '.')
+			{
+				*bad = psprintf("Character \"%c\" cannot appear in a Kafka topic name.", *p);
+				return false;
+			}
+			continue;
+		}
+		ph = match_placeholder(p);
+		if (ph < 0)
+		{
+			*bad = pstrdup("The only placeholders are {aggregate_type} and {event_type}.");
+			return false;
+		}
+		p += strlen(placeholders[ph]) - 1;
+	}
+	return true;
+}
+
+static char *
+expand_topic_template(const char *tmpl, const char *aggregate_type,
+					  const char *event_type)
+{
+	StringInfoData buf;
+	const char *p;
+
+	initStringInfo(&buf);
+	for (p = tmpl; *p; p++)
+	{
+		int			ph = (*p == '{') ? match_placeholder(p) : -1;
+
+		if (ph < 0)
+		{
+			appendStringInfoChar(&buf, *p);
+			continue;
+		}
+		appendStringInfoString(&buf, ph == PLACEHOLDER_AGGREGATE_TYPE ?
+							   aggregate_type : event_type);
+		p += strlen(placeholders[ph]) - 1;
+	}
+	return buf.data;
+}
+
+/*
+ * generate_uuid_v7
+ *		Fill *uuid with an RFC 9562 version 7 UUID.
+ *
+ * 48 bits of Unix milliseconds, then the sub-millisecond fraction in the
+ * 12 bits of rand_a (RFC 9562 method 3), kept strictly increasing within
+ * this backend, then the variant and 62 random bits.
+ */
+static void
+generate_uuid_v7(pg_uuid_t *uuid)
+{
+	int64		unix_us;
+	int64		tick;
+	uint64		ms;
+	int			sub;
+	int			i;
+
+	unix_us = GetCurrentTimestamp() +
+		((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE)) * USECS_PER_DAY;
+	tick = (unix_us / 1000) * 4096 + ((unix_us % 1000) * 4096) / 1000;
+	if (tick <= uuid_last_tick)
+		tick = uuid_last_tick + 1;
+	uuid_last_tick = tick;
+
+	ms = (uint64) (tick >> 12);
+	sub = (int) (tick & 0xFFF);
+	for (i = 0; i < 6; i++)
+		uuid->data[i] = (unsigned char) (ms >> (40 - 8 * i));
+	uuid->data[6] = (unsigned char) (0x70 | (sub >> 8));
+	uuid->data[7] = (unsigned char) (sub & 0xFF);
+	if (!pg_strong_random(&uuid->data[8], 8))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random values for an event id")));
+	uuid->data[8] = (uuid->data[8] & 0x3F) | 0x80;
+}
+
+static text *
+required_text(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	text	   *t;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+	t = PG_GETARG_TEXT_PP(argno);
+	if (VARSIZE_ANY_EXHDR(t) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", name)));
+	return t;
+}
+
+/*
+ * check_headers
+ *		Headers must be a JSON object of string values: each becomes a Kafka
+ *		header whose value is that string.
+ */
+static void
+check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *key = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object of string values"),
+				 errdetail("The headers argument is a JSON %s.",
+						   JB_ROOT_IS_SCALAR(headers) ? "scalar" : "array")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+			key = pnstrdup(v.val.string.val, v.val.string.len);
+		else if (tok == WJB_VALUE && v.type != jbvString)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("headers must be a JSON object of string values"),
+					 errdetail("Header \"%s\" is not a JSON string.", key)));
+	}
+}
+
+/*
+ * outbox_emit
+ *		SQL outbox.emit(aggregate_type, aggregate_id, event_type, payload,
+ *		headers, topic, key, event_id, schema_version, occurred_at).
+ *
+ * Returns the event id.  Runs as the extension owner (SECURITY DEFINER) so
+ * that callers need EXECUTE on this function and nothing on the tables.
+ */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	text	   *aggregate_type;
+	text	   *aggregate_id;
+	text	   *event_type;
+	Jsonb	   *payload;
+	char	   *topic;
+	pg_uuid_t  *event_id;
+	int32		schema_version = 1;
+	char	   *payload_text;
+	size_t		payload_len;
+	Datum		values[EMIT_NARGS];
+	char		nulls[EMIT_NARGS];
+	SPIPlanPtr *planp;
+	int			rc;
+
+	PreventCommandIfReadOnly("outbox.emit()");
+	PreventCommandDuringRecovery("outbox.emit()");
+
+	aggregate_type = required_text(fcinfo, 0, "aggregate_type");
+	aggregate_id = required_text(fcinfo, 1, "aggregate_id");
+	event_type = required_text(fcinfo, 2, "event_type");
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payload must not be null"),
+				 errhint("Use the JSON value 'null'::jsonb for an event without a payload.")));
+	payload = PG_GETARG_JSONB_P(3);
+
+	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	payload_len = strlen(payload_text);
+	if (payload_len > (size_t) outbox_max_payload_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("event payload is %zu bytes, more than outbox.max_payload_bytes (%d bytes)",
+						payload_len, outbox_max_payload_bytes)));
+
+	if (!PG_ARGISNULL(4))
+		check_headers(PG_GETARG_JSONB_P(4));
+
+	if (!PG_ARGISNULL(5))
+	{
+		topic = text_to_cstring(PG_GETARG_TEXT_PP(5));
+		if (!OutboxTopicNameIsLegal(topic, strlen(topic)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid Kafka topic name \"%s\"", topic),
+					 errdetail("A topic name has 1 to 249 characters from [A-Za-z0-9._-] and is not \".\" or \"..\".")));
+	}
+	else
+	{
+		topic = expand_topic_template(outbox_topic_template,
+									  text_to_cstring(aggregate_type),
+									  text_to_cstring(event_type));
+		if (!OutboxTopicNameIsLegal(topic, strlen(topic)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid Kafka topic name \"%s\"", topic),
+					 errdetail("A topic name has 1 to 249 characters from [A-Za-z0-9._-] and is not \".\" or \"..\"."),
+					 errhint("The name comes from outbox.topic_template \"%s\"; pass a topic or change the template.",
+							 outbox_topic_template)));
+	}
+
+	if (!PG_ARGISNULL(8))
+	{
+		schema_version = PG_GETARG_INT32(8);
+		if (schema_version < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("schema_version must be at least 1, not %d", schema_version)));
+	}
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("schema_version must not be null")));
+
+	if (!PG_ARGISNULL(7))
+		event_id = PG_GETARG_UUID_P(7);
+	else
+	{
+		event_id = palloc(sizeof(pg_uuid_t));
+		generate_uuid_v7(event_id);
+	}
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = UUIDPGetDatum(event_id);
+	values[1] = PointerGetDatum(aggregate_type);
+	values[2] = PointerGetDatum(aggregate_id);
+	values[3] = PointerGetDatum(event_type);
+	values[4] = Int32GetDatum(schema_version);
+	values[5] = CStringGetTextDatum(topic);
+	values[6] = PG_ARGISNULL(6) ? PointerGetDatum(aggregate_id) : PG_GETARG_DATUM(6);
+	values[7] = PointerGetDatum(payload);
+	if (PG_ARGISNULL(4))
+		nulls[8] = 'n';
+	else
+		values[8] = PG_GETARG_DATUM(4);
+	if (outbox_tenant == NULL || outbox_tenant[0] == '\0')
+		nulls[9] = 'n';
+	else
+		values[9] = CStringGetTextDatum(outbox_tenant);
+	if (outbox_traceparent == NULL || outbox_traceparent[0] == '\0')
+		nulls[10] = 'n';
+	else
+		values[10] = CStringGetTextDatum(outbox_traceparent);
+	values[11] = PG_ARGISNULL(9) ?
+		TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()) :
+		PG_GETARG_DATUM(9);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	planp = outbox_aggregate_sequence ? &emit_plan_seq : &emit_plan_noseq;
+	if (*planp == NULL)
+	{
+		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
+		TIMESTAMPTZOID};
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare(outbox_aggregate_sequence ? emit_sql_seq : emit_sql_noseq,
+						   EMIT_NARGS, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "could not prepare the outbox insert: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "could not keep the outbox insert plan");
+		*planp = plan;
+	}
+
+	rc = SPI_execute_plan(*planp, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT || SPI_processed != 1)
+		elog(ERROR, "outbox insert returned %s with %llu rows",
+			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+
+	SPI_finish();
+
+	wake_at_commit = true;
+
+	PG_RETURN_UUID_P(event_id);
+}
+
+/*
+ * outbox_uuid_v7
+ *		SQL outbox.uuid_v7(): the event id emit() would generate.
+ */
+Datum
+outbox_uuid_v7(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *uuid = palloc(sizeof(pg_uuid_t));
+
+	generate_uuid_v7(uuid);
+	PG_RETURN_UUID_P(uuid);
+}

@@ -1,0 +1,437 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka.c
+ *		The librdkafka producer: lifecycle, produce with headers, delivery
+ *		reports, error classes.
+ *
+ * Invariants:
+ *	- This is the only file that includes rdkafka.h.
+ *	- librdkafka's own threads never call back into PostgreSQL: logs go to
+ *	  a queue (log.queue=true), and every callback (delivery report, error,
+ *	  log) is served by rd_kafka_poll() in the relay's thread, where it only
+ *	  records into memory that the relay inspects afterwards.  No callback
+ *	  ereports.
+ *	- The producer is idempotent, so retries inside librdkafka neither
+ *	  duplicate nor reorder a partition's messages.
+ *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
+ *	  page memory once every delivery report of the page has been served.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "outbox.h"
+
+struct OutboxProducer
+{
+	rd_kafka_t *rk;
+	int			pipefd[2];		/* librdkafka writes when events arrive */
+	int			pending;		/* produced, delivery report not yet served */
+	char		error[256];		/* last error/log line worth reporting */
+	int			error_count;	/* errors since the relay last took one */
+};
+
+/* properties outbox owns; setting them in outbox.kafka_config is refused */
+static const char *const reserved_properties[][2] = {
+	{"bootstrap.servers", "Set outbox.kafka_brokers instead."},
+	{"metadata.broker.list", "Set outbox.kafka_brokers instead."},
+	{"enable.idempotence", "The relay's ordering promise needs the idempotent producer."},
+	{"log.queue", "The relay serves librdkafka logs from its own thread."},
+};
+
+static bool
+property_is_secret(const char *name)
+{
+	return strstr(name, "password") != NULL || strstr(name, "secret") != NULL ||
+		strstr(name, "key") != NULL || strstr(name, "token") != NULL ||
+		strstr(name, "jaas") != NULL;
+}
+
+/*
+ * apply_config
+ *		Parse "k=v;k=v" into conf.  On failure *detail is a sentence naming
+ *		the property; a secret property's value never appears in it.
+ */
+static bool
+apply_config(rd_kafka_conf_t *conf, const char *text, char **detail)
+{
+	char	   *copy = pstrdup(text ? text : "");
+	char	   *item;
+	char	   *save = NULL;
+
+	for (item = strtok_r(copy, ";", &save); item != NULL;
+		 item = strtok_r(NULL, ";", &save))
+	{
+		char	   *eq;
+		char	   *name;
+		char	   *value;
+		char		errstr[512];
+		int			i;
+
+		while (*item == ' ' || *item == '\t' || *item == '\n')
+			item++;
+		if (*item == '\0')
+			continue;
+		eq = strchr(item, '=');
+		if (eq == NULL)
+		{
+			*detail = psprintf("Entry \"%.64s\" is not of the form key=value.",
+							   property_is_secret(item) ? "(hidden)" : item);
+			return false;
+		}
+		*eq = '\0';
+		name = item;
+		value = eq + 1;
+		while (eq > name && (eq[-1] == ' ' || eq[-1] == '\t'))
+			*--eq = '\0';
+		for (i = 0; i < lengthof(reserved_properties); i++)
+			if (strcmp(name, reserved_properties[i][0]) == 0)
+			{
+				*detail = psprintf("Property \"%s\" cannot be set here. %s",
+								   name, reserved_properties[i][1]);
+				return false;
+			}
+		if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+		{
+			if (property_is_secret(name))
+				*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
+			else
+				*detail = psprintf("librdkafka rejects property \"%s\": %s.", name, errstr);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * OutboxKafkaCheckConfig
+ *		Check hook body for outbox.kafka_config: librdkafka itself judges
+ *		every property.  Never throws.
+ */
+bool
+OutboxKafkaCheckConfig(const char *text, char **detail)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	bool		ok = apply_config(conf, text, detail);
+
+	rd_kafka_conf_destroy(conf);
+	return ok;
+}
+
+static void
+record_error(OutboxProducer *producer, const char *fmt, const char *a, const char *b)
+{
+	snprintf(producer->error, sizeof(producer->error), fmt, a, b);
+	producer->error_count++;
+}
+
+/* Served by rd_kafka_poll in the relay's thread: records the outcome only. */
+static void
+delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+	OutboxProducer *producer = (OutboxProducer *) opaque;
+	OutboxEvent *event = (OutboxEvent *) msg->_private;
+
+	if (event != NULL)
+		event->delivery_err = (int) msg->err;
+	producer->pending--;
+}
+
+static void
+error_report(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	OutboxProducer *producer = (OutboxProducer *) opaque;
+
+	record_error(producer, "%s: %s", rd_kafka_err2name(err), reason);
+}
+
+static void
+log_report(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	OutboxProducer *producer = (OutboxProducer *) rd_kafka_opaque(rk);
+
+	/* level 3 and below are errors; the rest is librdkafka chatter */
+	if (producer != NULL && level <= 3)
+		record_error(producer, "%s: %s", fac, buf);
+}
+
+/*
+ * OutboxProducerCreate
+ *		Build an idempotent producer for brokers with the extra properties
+ *		conf.  Returns NULL and a message in *errmsg on failure.  The result
+ *		is malloc'd: it outlives memory contexts and is freed only by
+ *		OutboxProducerDestroy.
+ */
+OutboxProducer *
+OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	OutboxProducer *producer;
+	char		errstr[512];
+	char	   *detail = NULL;
+	int			i;
+	static const char *const defaults[][2] = {
+		{"enable.idempotence", "true"},
+		{"linger.ms", "5"},
+		{"batch.num.messages", "10000"},
+		{"queue.buffering.max.messages", "1000000"},
+		{"queue.buffering.max.kbytes", "1048576"},
+		{"partitioner", "murmur2_random"},
+		{"log.queue", "true"},
+		{"client.id", "outbox-relay"},
+	};
+
+	for (i = 0; i < lengthof(defaults); i++)
+		if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1],
+							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+			elog(ERROR, "librdkafka refused default %s: %s", defaults[i][0], errstr);
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers,
+						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
+		return NULL;
+	}
+	if (!apply_config(conf, conftext, &detail))
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = detail;
+		return NULL;
+	}
+
+	producer = calloc(1, sizeof(OutboxProducer));
+	if (producer == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = pstrdup("out of memory");
+		return NULL;
+	}
+	if (pipe(producer->pipefd) != 0 ||
+		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
+	{
+		rd_kafka_conf_destroy(conf);
+		free(producer);
+		*errmsg = psprintf("could not create a pipe: %m");
+		return NULL;
+	}
+
+	rd_kafka_conf_set_opaque(conf, producer);
+	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
+	rd_kafka_conf_set_error_cb(conf, error_report);
+	rd_kafka_conf_set_log_cb(conf, log_report);
+
+	producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	if (producer->rk == NULL)
+	{
+		/* rd_kafka_new destroys conf only on success */
+		rd_kafka_conf_destroy(conf);
+		close(producer->pipefd[0]);
+		close(producer->pipefd[1]);
+		free(producer);
+		*errmsg = psprintf("could not create the Kafka producer: %s", errstr);
+		return NULL;
+	}
+	rd_kafka_set_log_queue(producer->rk, NULL);
+	{
+		rd_kafka_queue_t *mainq = rd_kafka_queue_get_main(producer->rk);
+
+		rd_kafka_queue_io_event_enable(mainq, producer->pipefd[1], "1", 1);
+		rd_kafka_queue_destroy(mainq);
+	}
+	return producer;
+}
+
+/*
+ * OutboxProducerDestroy
+ *		Drop whatever is still queued and destroy the producer.  Events not
+ *		acknowledged by now are simply re-sent by the next producer.
+ */
+void
+OutboxProducerDestroy(OutboxProducer *producer)
+{
+	if (producer == NULL)
+		return;
+	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+	rd_kafka_destroy(producer->rk);
+	close(producer->pipefd[0]);
+	close(producer->pipefd[1]);
+	free(producer);
+}
+
+/*
+ * OutboxProducerEventFd
+ *		A descriptor that turns readable when librdkafka has something for
+ *		OutboxProducerServe; the relay waits on it with its latch.
+ */
+int
+OutboxProducerEventFd(OutboxProducer *producer)
+{
+	return producer->pipefd[0];
+}
+
+static rd_kafka_resp_err_t
+add_header(rd_kafka_headers_t *hdrs, const char *name, const char *value)
+{
+	return rd_kafka_header_add(hdrs, name, -1, value, -1);
+}
+
+/*
+ * OutboxProducerSend
+ *		Hand one event to librdkafka.  Its outcome arrives later in
+ *		event->delivery_err through OutboxProducerServe; a message librdkafka
+ *		refuses at once gets its error there immediately.
+ */
+void
+OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
+{
+	rd_kafka_headers_t *hdrs = rd_kafka_headers_new(9 + event->nheaders);
+	rd_kafka_resp_err_t err;
+	char		num[32];
+	int			i;
+
+	add_header(hdrs, "id", event->event_id);
+	add_header(hdrs, "event_type", event->event_type);
+	add_header(hdrs, "aggregate_type", event->aggregate_type);
+	add_header(hdrs, "aggregate_id", event->aggregate_id);
+	if (event->has_seq)
+	{
+		snprintf(num, sizeof(num), INT64_FORMAT, event->seq);
+		add_header(hdrs, "seq", num);
+	}
+	snprintf(num, sizeof(num), "%d", event->schema_version);
+	add_header(hdrs, "schema_version", num);
+	add_header(hdrs, "occurred_at", event->occurred_at);
+	if (event->traceparent != NULL)
+		add_header(hdrs, "traceparent", event->traceparent);
+	if (event->tenant != NULL)
+		add_header(hdrs, "tenant", event->tenant);
+	for (i = 0; i < event->nheaders; i++)
+		add_header(hdrs, event->header_names[i], event->header_values[i]);
+
+	event->delivery_err = OUTBOX_DELIVERY_PENDING;
+	err = rd_kafka_producev(producer->rk,
+							RD_KAFKA_V_TOPIC(event->topic),
+							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
+							RD_KAFKA_V_VALUE(event->payload, event->payload_len),
+							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							RD_KAFKA_V_HEADERS(hdrs),
+							RD_KAFKA_V_OPAQUE(event),
+							RD_KAFKA_V_END);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		/* on failure the headers stay ours */
+		rd_kafka_headers_destroy(hdrs);
+		event->delivery_err = (int) err;
+		return;
+	}
+	producer->pending++;
+}
+
+/*
+ * OutboxProducerServe
+ *		Serve delivery reports, errors and logs; returns how many produced
+ *		messages still await their report.
+ */
+int
+OutboxProducerServe(OutboxProducer *producer)
+{
+	char		drain[64];
+
+	while (read(producer->pipefd[0], drain, sizeof(drain)) > 0)
+		;
+	rd_kafka_poll(producer->rk, 0);
+	return producer->pending;
+}
+
+/*
+ * OutboxProducerPurge
+ *		Give up on everything queued or in flight: their delivery reports
+ *		arrive as purge errors at the next OutboxProducerServe.
+ */
+void
+OutboxProducerPurge(OutboxProducer *producer)
+{
+	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+}
+
+/*
+ * OutboxProducerTakeError
+ *		Copy the last recorded error and how many were recorded since the
+ *		previous call; false when there was none.
+ */
+bool
+OutboxProducerTakeError(OutboxProducer *producer, char *buf, size_t len, int *count)
+{
+	if (producer->error_count == 0)
+		return false;
+	strlcpy(buf, producer->error, len);
+	*count = producer->error_count;
+	producer->error_count = 0;
+	return true;
+}
+
+/*
+ * OutboxProducerIsFatal
+ *		Whether the producer raised a fatal error (it must be rebuilt).
+ */
+bool
+OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len)
+{
+	return rd_kafka_fatal_error(producer->rk, buf, len) != RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+const char *
+OutboxDeliveryErrorName(int err)
+{
+	return rd_kafka_err2name((rd_kafka_resp_err_t) err);
+}
+
+/*
+ * OutboxDeliveryErrorClass
+ *		Design section 5: what a delivery error means for the event.
+ */
+OutboxErrorClass
+OutboxDeliveryErrorClass(int err)
+{
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR_NO_ERROR:
+			return OUTBOX_ERROR_NONE;
+
+			/* the event itself can never be written as it is */
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+			return OUTBOX_ERROR_PERMANENT;
+
+			/* the producer cannot go on; rebuild it */
+		case RD_KAFKA_RESP_ERR__FATAL:
+		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
+		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR__SSL:
+			return OUTBOX_ERROR_FATAL;
+
+		default:
+			/* timeouts, broker down, leader moves, throttling, purges */
+			return OUTBOX_ERROR_TRANSIENT;
+	}
+}

@@ -1,0 +1,186 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *		Module entry point: settings and worker registration.
+ *
+ * Invariants: this file holds no logic.  _PG_init defines every outbox.*
+ * setting, and only when loaded through shared_preload_libraries does it
+ * ask for shared memory and register the launcher.  Loaded any other way
+ * (the first call of outbox.emit() in a session), emit() still works: it
+ * only writes a row; publishing needs the preload.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+
+#include "outbox.h"
+
+PG_MODULE_MAGIC;
+
+char	   *outbox_topic_template = NULL;
+bool		outbox_aggregate_sequence = true;
+int			outbox_max_payload_bytes = OUTBOX_MAX_PAYLOAD_DEFAULT;
+char	   *outbox_traceparent = NULL;
+char	   *outbox_tenant = NULL;
+char	   *outbox_kafka_brokers = NULL;
+char	   *outbox_kafka_config = NULL;
+int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
+int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
+bool		outbox_enabled = true;
+int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
+int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
+
+void		_PG_init(void);
+
+static bool
+check_topic_template(char **newval, void **extra, GucSource source)
+{
+	char	   *bad = NULL;
+
+	if (OutboxTopicTemplateIsValid(*newval, &bad))
+		return true;
+	GUC_check_errdetail("%s", bad);
+	return false;
+}
+
+static bool
+check_traceparent(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0' ||
+		OutboxTraceparentIsValid(*newval))
+		return true;
+	GUC_check_errdetail("A traceparent has the W3C Trace Context form "
+						"\"00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>\" "
+						"in lower case, with non-zero ids.");
+	return false;
+}
+
+static bool
+check_kafka_config(char **newval, void **extra, GucSource source)
+{
+	char	   *detail = NULL;
+
+	if (OutboxKafkaCheckConfig(*newval, &detail))
+		return true;
+	/* the detail names the property, never its value: it may be a secret */
+	GUC_check_errdetail("%s", detail);
+	return false;
+}
+
+void
+_PG_init(void)
+{
+	DefineCustomStringVariable("outbox.topic_template",
+							   "Topic of an event emitted without an explicit topic.",
+							   "Placeholders {aggregate_type} and {event_type} are replaced at emit time.",
+							   &outbox_topic_template,
+							   "outbox.event.{aggregate_type}",
+							   PGC_USERSET, 0,
+							   check_topic_template, NULL, NULL);
+
+	DefineCustomBoolVariable("outbox.aggregate_sequence",
+							 "Assigns each event a gapless per-aggregate sequence number.",
+							 "The counter row lock also serializes emitters of one aggregate, "
+							 "so that event order equals commit order.",
+							 &outbox_aggregate_sequence,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_payload_bytes",
+							"Largest event payload, as JSON text, that emit() accepts.",
+							NULL,
+							&outbox_max_payload_bytes,
+							OUTBOX_MAX_PAYLOAD_DEFAULT, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.traceparent",
+							   "W3C traceparent stored with events emitted in this session or transaction.",
+							   NULL,
+							   &outbox_traceparent,
+							   "",
+							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
+							   check_traceparent, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.tenant",
+							   "Tenant stored with events emitted in this session or transaction.",
+							   NULL,
+							   &outbox_tenant,
+							   "",
+							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.kafka_brokers",
+							   "Kafka bootstrap servers the relays publish to (host:port,...).",
+							   "Empty means the relays stay idle.",
+							   &outbox_kafka_brokers,
+							   "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.kafka_config",
+							   "Extra librdkafka producer properties, as key=value;key=value.",
+							   "May carry credentials: readable by superusers only and never logged.",
+							   &outbox_kafka_config,
+							   "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
+							   check_kafka_config, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_size",
+							"Events a relay reads and publishes per page.",
+							NULL,
+							&outbox_batch_size,
+							OUTBOX_BATCH_SIZE_DEFAULT, 1, OUTBOX_BATCH_SIZE_MAX,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.poll_interval",
+							"Safety poll of an idle relay; commits wake it sooner.",
+							NULL,
+							&outbox_poll_interval,
+							OUTBOX_POLL_INTERVAL_DEFAULT, 10, OUTBOX_POLL_INTERVAL_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("outbox.enabled",
+							 "Lets the relays publish; off pauses them without a restart.",
+							 NULL,
+							 &outbox_enabled,
+							 true,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.shutdown_timeout",
+							"How long a stopping relay waits for outstanding acknowledgements.",
+							NULL,
+							&outbox_shutdown_timeout,
+							OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT, 0, OUTBOX_SHUTDOWN_TIMEOUT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_databases",
+							"Databases that can run a relay at the same time.",
+							"Each relay is a background worker: max_worker_processes must leave room for them.",
+							&outbox_max_databases,
+							OUTBOX_MAX_DATABASES_DEFAULT, 1, OUTBOX_MAX_DATABASES_MAX,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("outbox");
+
+	OutboxEmitInit();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	OutboxShmemInstallHooks();
+	OutboxUtilityHookInstall();
+	OutboxLauncherRegisterStatic();
+}

@@ -1,0 +1,200 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *		Declarations shared by the files of the outbox extension.
+ *
+ * Invariants: only kafka.c includes rdkafka.h, so nothing here mentions a
+ * librdkafka type; the producer is an opaque OutboxProducer.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "lib/stringinfo.h"
+#include "storage/latch.h"
+#include "storage/spin.h"
+#include "utils/snapshot.h"
+
+/* Bounds of the integer settings, named so the check hooks and docs agree */
+#define OUTBOX_MAX_PAYLOAD_DEFAULT	(1024 * 1024)
+#define OUTBOX_BATCH_SIZE_DEFAULT	5000
+#define OUTBOX_BATCH_SIZE_MAX		100000
+#define OUTBOX_POLL_INTERVAL_DEFAULT 1000
+#define OUTBOX_POLL_INTERVAL_MAX	3600000
+#define OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT 5000
+#define OUTBOX_SHUTDOWN_TIMEOUT_MAX 600000
+#define OUTBOX_MAX_DATABASES_DEFAULT 16
+#define OUTBOX_MAX_DATABASES_MAX	1024
+
+#define OUTBOX_TOPIC_MAX_LEN		249
+
+/* settings (outbox.c) */
+extern char *outbox_topic_template;
+extern bool outbox_aggregate_sequence;
+extern int	outbox_max_payload_bytes;
+extern char *outbox_traceparent;
+extern char *outbox_tenant;
+extern char *outbox_kafka_brokers;
+extern char *outbox_kafka_config;
+extern int	outbox_batch_size;
+extern int	outbox_poll_interval;
+extern bool outbox_enabled;
+extern int	outbox_shutdown_timeout;
+extern int	outbox_max_databases;
+
+/* emit.c */
+extern bool OutboxTopicNameIsLegal(const char *name, int len);
+extern bool OutboxTraceparentIsValid(const char *value);
+extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
+extern void OutboxEmitInit(void);
+
+/* shmem.c */
+typedef enum OutboxRelayState
+{
+	OUTBOX_RELAY_STARTING = 0,
+	OUTBOX_RELAY_IDLE,
+	OUTBOX_RELAY_PUBLISHING,
+	OUTBOX_RELAY_PAUSED,
+	OUTBOX_RELAY_BACKING_OFF,
+	OUTBOX_RELAY_NOT_CONFIGURED,
+	OUTBOX_RELAY_STOPPED
+} OutboxRelayState;
+
+/*
+ * One relay's slot.  dboid changes only under the outbox LWLock held
+ * exclusively; every other field is read and written under mutex.
+ */
+typedef struct OutboxSlot
+{
+	Oid			dboid;			/* InvalidOid: slot free */
+	slock_t		mutex;
+	int			pid;			/* 0 when no relay runs */
+	Latch	   *latch;			/* the relay's latch, NULL when none */
+	OutboxRelayState state;
+	bool		no_extension;	/* last relay found no extension */
+	TimestampTz hold_until;		/* launcher must not start a relay before */
+	TimestampTz started_at;
+	uint64		published;
+	uint64		pages;
+	uint64		batches;
+	uint64		delivery_errors;
+	TimestampTz last_delivery;
+	TimestampTz last_error_at;
+	char		last_error[256];
+} OutboxSlot;
+
+extern void OutboxShmemInstallHooks(void);
+extern bool OutboxShmemAvailable(void);
+extern void OutboxWakeRelay(Oid dboid);
+extern void OutboxRequestProbe(Oid dboid);
+extern bool OutboxLauncherAttach(void);
+extern int	OutboxLauncherTakeRequests(Oid *out, int max);
+extern OutboxSlot *OutboxSlotAcquire(Oid dboid);
+extern void OutboxSlotRelease(Oid dboid);
+extern OutboxSlot *OutboxSlotFind(Oid dboid);
+extern OutboxSlot *OutboxSlotAttach(Oid dboid);
+extern void OutboxSlotDetach(OutboxSlot *slot);
+extern void OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state);
+extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
+extern bool OutboxSlotIsHeld(OutboxSlot *slot);
+extern void OutboxSlotMarkNoExtension(OutboxSlot *slot);
+extern void OutboxSlotCountPage(OutboxSlot *slot, int events);
+extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
+extern const char *OutboxRelayStateName(OutboxRelayState state);
+
+/* kafka.c */
+typedef struct OutboxProducer OutboxProducer;
+
+/* Where a delivery or producer error belongs (design section 5) */
+typedef enum OutboxErrorClass
+{
+	OUTBOX_ERROR_NONE = 0,
+	OUTBOX_ERROR_TRANSIENT,
+	OUTBOX_ERROR_PERMANENT,
+	OUTBOX_ERROR_FATAL
+} OutboxErrorClass;
+
+#define OUTBOX_DELIVERY_PENDING (-100000)
+
+/*
+ * One event as the relay publishes it.  Strings are NUL-terminated and
+ * owned by the relay's page memory context; delivery_err is written by the
+ * delivery report (0: acknowledged).
+ */
+typedef struct OutboxEvent
+{
+	int64		id;
+	char	   *event_id;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *event_type;
+	char	   *topic;
+	char	   *key;
+	char	   *payload;
+	int			payload_len;
+	bool		has_seq;
+	int64		seq;
+	int32		schema_version;
+	char	   *occurred_at;
+	char	   *tenant;			/* NULL when unset */
+	char	   *traceparent;	/* NULL when unset */
+	int			nheaders;
+	char	  **header_names;
+	char	  **header_values;
+	TimestampTz created_at;
+	int			delivery_err;
+} OutboxEvent;
+
+extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
+extern OutboxProducer *OutboxProducerCreate(const char *brokers,
+											const char *conf, char **errmsg);
+extern void OutboxProducerDestroy(OutboxProducer *producer);
+extern int	OutboxProducerEventFd(OutboxProducer *producer);
+extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
+extern int	OutboxProducerServe(OutboxProducer *producer);
+extern void OutboxProducerPurge(OutboxProducer *producer);
+extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
+									size_t len, int *count);
+extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
+extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
+extern const char *OutboxDeliveryErrorName(int err);
+
+/* store.c */
+
+/*
+ * The relay's position.  prev: snapshot in which every committed event is
+ * delivered (NULL: none yet).  cur: snapshot of the batch under way (NULL:
+ * none); the batch is every event visible in cur and not in prev, and
+ * last_id is the last id of it acknowledged.  Strings live in the relay's
+ * long-lived context.
+ */
+typedef struct OutboxBatch
+{
+	char	   *prev;
+	char	   *cur;
+	int64		last_id;
+	int64		max_id;
+	int64		remaining;
+} OutboxBatch;
+
+extern bool OutboxStoreExtensionPresent(void);
+extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
+extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
+extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit,
+								OutboxEvent **events, MemoryContext cxt);
+extern void OutboxStoreSavePage(OutboxBatch *batch, int64 last_id,
+								int count, bool batch_done);
+
+/* launcher.c */
+extern void OutboxLauncherRegisterStatic(void);
+extern void OutboxUtilityHookInstall(void);
+PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+
+/* relay.c */
+PGDLLEXPORT void OutboxRelayMain(Datum main_arg);
+
+#endif							/* OUTBOX_H */

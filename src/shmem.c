@@ -1,0 +1,437 @@
+/*-------------------------------------------------------------------------
+ *
+ * shmem.c
+ *		Shared state of the outbox: relay slots, latches, counters.
+ *
+ * Locking protocol:
+ *	- The "outbox" LWLock tranche has one lock.  Held exclusively to assign
+ *	  or free a slot (change slot->dboid) and to change the launcher's
+ *	  fields or its request list; held shared to find a slot by database.
+ *	- Every other field of a slot is read and written under the slot's
+ *	  spinlock, with nothing else done while it is held.
+ *	- A committing backend finds its database's slot under the shared lock
+ *	  and sets the relay's latch; it never waits for anything else.
+ *
+ * Nothing here runs SQL or talks to Kafka.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <signal.h>
+
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+#define OUTBOX_MAX_REQUESTS 64
+
+typedef struct OutboxShared
+{
+	LWLock	   *lock;
+	int			launcher_pid;
+	Latch	   *launcher_latch;
+	int			nrequests;
+	Oid			requests[OUTBOX_MAX_REQUESTS];
+	int			nslots;
+	OutboxSlot	slots[FLEXIBLE_ARRAY_MEMBER];
+} OutboxShared;
+
+static OutboxShared *outbox_shared = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static Size
+outbox_shmem_size(void)
+{
+	return add_size(offsetof(OutboxShared, slots),
+					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
+}
+
+static void
+outbox_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(outbox_shmem_size());
+	RequestNamedLWLockTranche("outbox", 1);
+}
+
+static void
+outbox_shmem_startup(void)
+{
+	bool		found;
+	int			i;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	outbox_shared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
+	if (!found)
+	{
+		memset(outbox_shared, 0, outbox_shmem_size());
+		outbox_shared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
+		outbox_shared->nslots = outbox_max_databases;
+		for (i = 0; i < outbox_shared->nslots; i++)
+			SpinLockInit(&outbox_shared->slots[i].mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * OutboxShmemInstallHooks
+ *		Ask for shared memory; called from _PG_init under preload only.
+ */
+void
+OutboxShmemInstallHooks(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+}
+
+/*
+ * OutboxShmemAvailable
+ *		Whether the library was preloaded, so that relays can exist.
+ */
+bool
+OutboxShmemAvailable(void)
+{
+	return outbox_shared != NULL;
+}
+
+const char *
+OutboxRelayStateName(OutboxRelayState state)
+{
+	switch (state)
+	{
+		case OUTBOX_RELAY_STARTING:
+			return "starting";
+		case OUTBOX_RELAY_IDLE:
+			return "running";
+		case OUTBOX_RELAY_PUBLISHING:
+			return "running";
+		case OUTBOX_RELAY_PAUSED:
+			return "paused";
+		case OUTBOX_RELAY_BACKING_OFF:
+			return "backing off";
+		case OUTBOX_RELAY_NOT_CONFIGURED:
+			return "not configured";
+		case OUTBOX_RELAY_STOPPED:
+			return "stopped";
+	}
+	return "unknown";
+}
+
+/* caller holds the LWLock in any mode */
+static OutboxSlot *
+find_slot_locked(Oid dboid)
+{
+	int			i;
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+		if (outbox_shared->slots[i].dboid == dboid)
+			return &outbox_shared->slots[i];
+	return NULL;
+}
+
+/*
+ * OutboxWakeRelay
+ *		Set the latch of dboid's relay, if one runs.  Called at commit.
+ */
+void
+OutboxWakeRelay(Oid dboid)
+{
+	OutboxSlot *slot;
+
+	if (outbox_shared == NULL)
+		return;
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		Latch	   *latch;
+
+		SpinLockAcquire(&slot->mutex);
+		latch = slot->latch;
+		SpinLockRelease(&slot->mutex);
+		if (latch != NULL)
+			SetLatch(latch);
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxRequestProbe
+ *		Ask the launcher to look at dboid now (the extension was created).
+ */
+void
+OutboxRequestProbe(Oid dboid)
+{
+	Latch	   *latch = NULL;
+
+	if (outbox_shared == NULL)
+		return;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	if (outbox_shared->nrequests < OUTBOX_MAX_REQUESTS)
+		outbox_shared->requests[outbox_shared->nrequests++] = dboid;
+	latch = outbox_shared->launcher_latch;
+	LWLockRelease(outbox_shared->lock);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * OutboxLauncherAttach
+ *		Record the calling process as the launcher.  Returns false when
+ *		another launcher is alive (the caller then exits).
+ */
+bool
+OutboxLauncherAttach(void)
+{
+	bool		ok = true;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	if (outbox_shared->launcher_pid != 0 &&
+		outbox_shared->launcher_pid != MyProcPid &&
+		kill(outbox_shared->launcher_pid, 0) == 0)
+		ok = false;
+	else
+	{
+		outbox_shared->launcher_pid = MyProcPid;
+		outbox_shared->launcher_latch = MyLatch;
+	}
+	LWLockRelease(outbox_shared->lock);
+	return ok;
+}
+
+/*
+ * OutboxLauncherTakeRequests
+ *		Move up to max pending probe requests into out; returns how many.
+ *		An overflowed request list is reported as a single InvalidOid,
+ *		meaning "rescan everything".
+ */
+int
+OutboxLauncherTakeRequests(Oid *out, int max)
+{
+	int			n;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	n = Min(outbox_shared->nrequests, max);
+	memcpy(out, outbox_shared->requests, n * sizeof(Oid));
+	if (outbox_shared->nrequests > max)
+		out[0] = InvalidOid;
+	outbox_shared->nrequests = 0;
+	LWLockRelease(outbox_shared->lock);
+	return n;
+}
+
+/*
+ * OutboxSlotAcquire
+ *		Launcher: the slot of dboid, assigning a free one if needed.
+ *		Returns NULL when every slot is taken.
+ */
+OutboxSlot *
+OutboxSlotAcquire(Oid dboid)
+{
+	OutboxSlot *slot;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot == NULL)
+	{
+		slot = find_slot_locked(InvalidOid);
+		if (slot != NULL)
+		{
+			SpinLockAcquire(&slot->mutex);
+			memset((char *) slot + offsetof(OutboxSlot, pid), 0,
+				   sizeof(OutboxSlot) - offsetof(OutboxSlot, pid));
+			slot->state = OUTBOX_RELAY_STOPPED;
+			SpinLockRelease(&slot->mutex);
+			slot->dboid = dboid;
+		}
+	}
+	LWLockRelease(outbox_shared->lock);
+	return slot;
+}
+
+/*
+ * OutboxSlotRelease
+ *		Launcher: free dboid's slot (its database is gone or has no
+ *		extension).
+ */
+void
+OutboxSlotRelease(Oid dboid)
+{
+	OutboxSlot *slot;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+		slot->dboid = InvalidOid;
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxSlotFind
+ *		The slot of dboid or NULL.  The pointer stays valid; whether it still
+ *		belongs to dboid is only certain while the launcher keeps it.
+ */
+OutboxSlot *
+OutboxSlotFind(Oid dboid)
+{
+	OutboxSlot *slot;
+
+	if (outbox_shared == NULL)
+		return NULL;
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	slot = find_slot_locked(dboid);
+	LWLockRelease(outbox_shared->lock);
+	return slot;
+}
+
+/*
+ * OutboxSlotAttach
+ *		Relay: claim dboid's slot for the calling process.  NULL if the
+ *		launcher assigned none (the relay then exits).
+ */
+OutboxSlot *
+OutboxSlotAttach(Oid dboid)
+{
+	OutboxSlot *slot = OutboxSlotFind(dboid);
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (slot == NULL)
+		return NULL;
+	SpinLockAcquire(&slot->mutex);
+	slot->pid = MyProcPid;
+	slot->latch = MyLatch;
+	slot->state = OUTBOX_RELAY_STARTING;
+	slot->no_extension = false;
+	slot->started_at = now;
+	SpinLockRelease(&slot->mutex);
+	return slot;
+}
+
+/*
+ * OutboxSlotDetach
+ *		Relay, on exit: nobody is behind this slot's latch any more.
+ */
+void
+OutboxSlotDetach(OutboxSlot *slot)
+{
+	SpinLockAcquire(&slot->mutex);
+	if (slot->pid == MyProcPid)
+	{
+		slot->pid = 0;
+		slot->latch = NULL;
+		slot->state = OUTBOX_RELAY_STOPPED;
+	}
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->state = state;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxHoldDatabase
+ *		Stop dboid's relay and keep the launcher from restarting it for
+ *		hold_ms, so that a command needing the database to itself (DROP
+ *		DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE)
+ *		does not find the relay connected.
+ */
+void
+OutboxHoldDatabase(Oid dboid, int hold_ms)
+{
+	OutboxSlot *slot;
+	int			pid = 0;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), hold_ms);
+
+	if (outbox_shared == NULL)
+		return;
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		slot->hold_until = until;
+		pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+	}
+	LWLockRelease(outbox_shared->lock);
+	if (pid != 0)
+		kill(pid, SIGTERM);
+}
+
+/*
+ * OutboxSlotIsHeld
+ *		Whether a command is waiting for this relay's database to be free.
+ */
+bool
+OutboxSlotIsHeld(OutboxSlot *slot)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		held;
+
+	SpinLockAcquire(&slot->mutex);
+	held = slot->hold_until > now;
+	SpinLockRelease(&slot->mutex);
+	return held;
+}
+
+/*
+ * OutboxSlotCountPage
+ *		Relay: a page of events was acknowledged.
+ */
+void
+OutboxSlotCountPage(OutboxSlot *slot, int events)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&slot->mutex);
+	slot->published += events;
+	slot->pages++;
+	slot->last_delivery = now;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotCountError
+ *		Relay: a delivery or producer error happened.
+ */
+void
+OutboxSlotCountError(OutboxSlot *slot, const char *message)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&slot->mutex);
+	slot->delivery_errors++;
+	slot->last_error_at = now;
+	strlcpy(slot->last_error, message, sizeof(slot->last_error));
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotMarkNoExtension
+ *		Relay, before exiting: its database has no outbox extension, so the
+ *		launcher should not restart it.
+ */
+void
+OutboxSlotMarkNoExtension(OutboxSlot *slot)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->no_extension = true;
+	SpinLockRelease(&slot->mutex);
+}

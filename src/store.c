@@ -1,0 +1,372 @@
+/*-------------------------------------------------------------------------
+ *
+ * store.c
+ *		Every SQL statement a relay runs: progress, batch bounds, pages.
+ *
+ * Invariants:
+ *	- Called inside a transaction the relay opened; never starts, commits
+ *	  or aborts one.  Each function connects to SPI and disconnects.
+ *	- Event rows are only read.  The only write is the relay's progress
+ *	  row, once per acknowledged page.
+ *	- A batch is the set of events whose txid is visible in snapshot cur
+ *	  and not in prev.  An event invisible in prev has its txid in prev's
+ *	  in-progress list or at or above prev's xmax, which is what lets the
+ *	  txid index find the batch without scanning from an old xmin.
+ *	- Pages go out in id order; for one aggregate id order is commit order.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+/* $2: cur, $3: prev; before the first batch (no prev) it is all of cur */
+#define BATCH_OF(prev) \
+	" pg_catalog.pg_visible_in_snapshot(e.txid, $2::pg_catalog.pg_snapshot)" \
+	" AND (" prev ")"
+
+#define AFTER_PREV \
+	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3::pg_catalog.pg_snapshot)" \
+	" OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip($3::pg_catalog.pg_snapshot)))"
+
+#define BOUNDS_SQL(prev) \
+	"SELECT pg_catalog.max(e.id), pg_catalog.count(*) FROM outbox.events e" \
+	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
+
+#define PAGE_SQL(prev) \
+	"SELECT e.id, e.event_id::text, e.aggregate_type, e.aggregate_id, e.seq," \
+	" e.event_type, e.schema_version, e.topic, e.key, e.payload::text, e.headers," \
+	" e.tenant, e.traceparent," \
+	" pg_catalog.to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')," \
+	" e.created_at" \
+	" FROM outbox.events e" \
+	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND e.id OPERATOR(pg_catalog.<=) $4 AND" BATCH_OF(prev) \
+	" ORDER BY e.id LIMIT $5"
+
+/* the lowest id of a batch, so pages can walk the id index from there */
+#define START_SQL(prev) \
+	"SELECT pg_catalog.min(e.id) FROM outbox.events e WHERE" BATCH_OF(prev)
+
+enum
+{
+	Q_START_FIRST,
+	Q_START,
+	Q_BOUNDS_FIRST,
+	Q_BOUNDS,
+	Q_PAGE_FIRST,
+	Q_PAGE,
+	Q_COUNT
+};
+
+static const char *const query_text[Q_COUNT] = {
+	START_SQL("true"),
+	START_SQL(AFTER_PREV),
+	BOUNDS_SQL("true"),
+	BOUNDS_SQL(AFTER_PREV),
+	PAGE_SQL("true"),
+	PAGE_SQL(AFTER_PREV),
+};
+
+static const int query_nargs[Q_COUNT] = {3, 3, 3, 3, 5, 5};
+
+static SPIPlanPtr plans[Q_COUNT];
+
+static SPIPlanPtr
+get_plan(int q)
+{
+	if (plans[q] == NULL)
+	{
+		Oid			types[5] = {INT8OID, TEXTOID, TEXTOID, INT8OID, INT4OID};
+		SPIPlanPtr	plan = SPI_prepare(query_text[q], query_nargs[q], types);
+
+		if (plan == NULL)
+			elog(ERROR, "could not prepare relay query: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		plans[q] = plan;
+	}
+	return plans[q];
+}
+
+static void
+set_args(Datum *values, char *nulls, const OutboxBatch *batch, int64 after)
+{
+	values[0] = Int64GetDatum(after);
+	nulls[0] = ' ';
+	values[1] = CStringGetTextDatum(batch->cur);
+	nulls[1] = ' ';
+	if (batch->prev != NULL)
+	{
+		values[2] = CStringGetTextDatum(batch->prev);
+		nulls[2] = ' ';
+	}
+	else
+	{
+		values[2] = (Datum) 0;
+		nulls[2] = 'n';
+	}
+}
+
+/*
+ * OutboxStoreExtensionPresent
+ *		Whether this database still has the extension.
+ */
+bool
+OutboxStoreExtensionPresent(void)
+{
+	return OidIsValid(get_extension_oid("outbox", true));
+}
+
+static char *
+getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
+	MemoryContext old;
+	char	   *s;
+
+	if (isnull)
+		return NULL;
+	old = MemoryContextSwitchTo(cxt);
+	s = TextDatumGetCString(d);
+	MemoryContextSwitchTo(old);
+	return s;
+}
+
+/*
+ * OutboxStoreLoadProgress
+ *		Read the progress row into *batch (strings allocated in cxt).
+ */
+void
+OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
+{
+	int			rc;
+
+	memset(batch, 0, sizeof(OutboxBatch));
+	SPI_connect();
+	rc = SPI_execute("SELECT prev_snapshot::text, batch_snapshot::text, batch_last_id"
+					 " FROM outbox.relay_progress WHERE relay = 'default'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+	{
+		/* a deleted progress row resets the relay: it re-sends what is kept */
+		rc = SPI_execute("INSERT INTO outbox.relay_progress (relay) VALUES ('default')",
+						 false, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
+	}
+	else
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum		d;
+
+		batch->prev = getstr(tup, desc, 1, cxt);
+		batch->cur = getstr(tup, desc, 2, cxt);
+		d = SPI_getbinval(tup, desc, 3, &isnull);
+		batch->last_id = isnull ? 0 : DatumGetInt64(d);
+	}
+	SPI_finish();
+}
+
+/*
+ * OutboxStoreOpenBatch
+ *		Find the extent of the batch: a new one (cur := current snapshot) if
+ *		none is under way, else the rest of the resumed one.  Sets max_id and
+ *		remaining; returns false when the batch has nothing left, in which
+ *		case no batch is open.
+ */
+bool
+OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
+{
+	Datum		values[5];
+	char		nulls[5];
+	bool		isnull;
+	int			rc;
+	bool		first = (batch->prev == NULL);
+	bool		fresh = (batch->cur == NULL);
+
+	SPI_connect();
+	if (fresh)
+	{
+		rc = SPI_execute("SELECT pg_catalog.pg_current_snapshot()::text", true, 1);
+		if (rc != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "could not take a snapshot: %s", SPI_result_code_string(rc));
+		batch->cur = getstr(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, cxt);
+
+		/* start just below the batch's lowest id */
+		set_args(values, nulls, batch, 0);
+		nulls[0] = 'n';
+		rc = SPI_execute_plan(get_plan(first ? Q_START_FIRST : Q_START), values, nulls, true, 1);
+		if (rc != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "could not find the batch start: %s", SPI_result_code_string(rc));
+		{
+			Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+			batch->last_id = isnull ? 0 : DatumGetInt64(d) - 1;
+		}
+		if (isnull)
+		{
+			/* nothing new: keep prev, the next batch covers the same ground */
+			pfree(batch->cur);
+			batch->cur = NULL;
+			batch->remaining = 0;
+			SPI_finish();
+			return false;
+		}
+	}
+
+	set_args(values, nulls, batch, batch->last_id);
+	rc = SPI_execute_plan(get_plan(first ? Q_BOUNDS_FIRST : Q_BOUNDS), values, nulls, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not find the batch bounds: %s", SPI_result_code_string(rc));
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		Datum		d = SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull);
+
+		batch->max_id = isnull ? batch->last_id : DatumGetInt64(d);
+		batch->remaining = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+	}
+	SPI_finish();
+	return true;
+}
+
+/* Caller headers: a JSON object of strings, checked by emit(). */
+static void
+decode_headers(OutboxEvent *ev, Jsonb *jb)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			n = JB_ROOT_COUNT(jb);
+	int			i = 0;
+
+	ev->header_names = palloc(sizeof(char *) * Max(n, 1));
+	ev->header_values = palloc(sizeof(char *) * Max(n, 1));
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY && i < n)
+			ev->header_names[i] = pnstrdup(v.val.string.val, v.val.string.len);
+		else if (tok == WJB_VALUE && i < n)
+		{
+			ev->header_values[i++] = (v.type == jbvString) ?
+				pnstrdup(v.val.string.val, v.val.string.len) : pstrdup("");
+		}
+	}
+	ev->nheaders = i;
+}
+
+/*
+ * OutboxStoreReadPage
+ *		The next up to limit events of the open batch, in id order, copied
+ *		into cxt.  Returns how many.
+ */
+int
+OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
+					MemoryContext cxt)
+{
+	Datum		values[5];
+	char		nulls[5];
+	int			rc;
+	uint64		i;
+	OutboxEvent *evs;
+	MemoryContext old;
+
+	SPI_connect();
+	set_args(values, nulls, batch, batch->last_id);
+	values[3] = Int64GetDatum(batch->max_id);
+	nulls[3] = ' ';
+	values[4] = Int32GetDatum(limit);
+	nulls[4] = ' ';
+	rc = SPI_execute_plan(get_plan(batch->prev == NULL ? Q_PAGE_FIRST : Q_PAGE),
+						  values, nulls, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read events: %s", SPI_result_code_string(rc));
+
+	old = MemoryContextSwitchTo(cxt);
+	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		OutboxEvent *ev = &evs[i];
+		bool		isnull;
+		Datum		d;
+
+		ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		ev->event_id = getstr(tup, desc, 2, cxt);
+		ev->aggregate_type = getstr(tup, desc, 3, cxt);
+		ev->aggregate_id = getstr(tup, desc, 4, cxt);
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		ev->has_seq = !isnull;
+		ev->seq = isnull ? 0 : DatumGetInt64(d);
+		ev->event_type = getstr(tup, desc, 6, cxt);
+		ev->schema_version = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
+		ev->topic = getstr(tup, desc, 8, cxt);
+		ev->key = getstr(tup, desc, 9, cxt);
+		ev->payload = getstr(tup, desc, 10, cxt);
+		ev->payload_len = strlen(ev->payload);
+		d = SPI_getbinval(tup, desc, 11, &isnull);
+		if (!isnull)
+			decode_headers(ev, DatumGetJsonbP(d));
+		ev->tenant = getstr(tup, desc, 12, cxt);
+		ev->traceparent = getstr(tup, desc, 13, cxt);
+		ev->occurred_at = getstr(tup, desc, 14, cxt);
+		ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 15, &isnull));
+	}
+	MemoryContextSwitchTo(old);
+	*events = evs;
+	rc = (int) SPI_processed;
+	SPI_finish();
+	return rc;
+}
+
+/*
+ * OutboxStoreSavePage
+ *		Record that every event of the batch up to last_id is acknowledged;
+ *		with batch_done, the batch is complete and prev moves to cur.
+ */
+void
+OutboxStoreSavePage(OutboxBatch *batch, int64 last_id, int count, bool batch_done)
+{
+	Datum		values[3];
+	Oid			types[3] = {TEXTOID, INT8OID, INT8OID};
+	int			rc;
+
+	SPI_connect();
+	values[0] = CStringGetTextDatum(batch->cur);
+	values[1] = Int64GetDatum(count);
+	values[2] = Int64GetDatum(last_id);
+	if (batch_done)
+		rc = SPI_execute_with_args("UPDATE outbox.relay_progress SET"
+								   " prev_snapshot = $1::pg_catalog.pg_snapshot,"
+								   " batch_snapshot = NULL, batch_last_id = NULL,"
+								   " published = published OPERATOR(pg_catalog.+) $2,"
+								   " batches = batches OPERATOR(pg_catalog.+) 1,"
+								   " updated_at = pg_catalog.now()"
+								   " WHERE relay = 'default'",
+								   2, types, values, NULL, false, 0);
+	else
+		rc = SPI_execute_with_args("UPDATE outbox.relay_progress SET"
+								   " batch_snapshot = $1::pg_catalog.pg_snapshot,"
+								   " batch_last_id = $3,"
+								   " published = published OPERATOR(pg_catalog.+) $2,"
+								   " updated_at = pg_catalog.now()"
+								   " WHERE relay = 'default'",
+								   3, types, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
+		elog(ERROR, "could not save relay progress: %s", SPI_result_code_string(rc));
+	SPI_finish();
+}
