@@ -111,13 +111,13 @@ BEGIN
 		RAISE EXCEPTION 'outbox.capture() must be an AFTER ... FOR EACH ROW trigger'
 			USING ERRCODE = 'invalid_object_definition',
 				  HINT = format('Recreate trigger "%s" on %s as AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW.',
-								TG_NAME, TG_TABLE_NAME);
+								TG_NAME, format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME));
 	END IF;
 	IF TG_NARGS <> 2 OR TG_ARGV[0] = '' OR TG_ARGV[1] = '' THEN
 		RAISE EXCEPTION 'outbox.capture() takes two arguments: aggregate type and id column'
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = format('Trigger "%s" on %s has %s argument(s); use EXECUTE FUNCTION outbox.capture(''order'', ''id'').',
-								TG_NAME, TG_TABLE_NAME, TG_NARGS);
+								TG_NAME, format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME), TG_NARGS);
 	END IF;
 
 	IF TG_OP = 'DELETE' THEN

@@ -68,7 +68,11 @@ check_kafka_config(char **newval, void **extra, GucSource source)
 
 	if (OutboxKafkaCheckConfig(*newval, &detail))
 		return true;
-	/* the detail names the property, never its value: it may be a secret */
+	/*
+	 * Neither message may show the value: it may carry a secret, and the
+	 * default message would quote it whole.
+	 */
+	GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
 	GUC_check_errdetail("%s", detail);
 	return false;
 }
@@ -165,6 +169,14 @@ _PG_init(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
+	MarkGUCPrefixReserved("outbox");
+
+	OutboxEmitInit();
+
+	/* a PGC_POSTMASTER setting can only be defined while preloading */
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
 	DefineCustomIntVariable("outbox.max_databases",
 							"Databases that can run a relay at the same time.",
 							"Each relay is a background worker: max_worker_processes must leave room for them.",
@@ -173,12 +185,6 @@ _PG_init(void)
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
 
-	MarkGUCPrefixReserved("outbox");
-
-	OutboxEmitInit();
-
-	if (!process_shared_preload_libraries_in_progress)
-		return;
 
 	OutboxShmemInstallHooks();
 	OutboxUtilityHookInstall();

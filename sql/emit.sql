@@ -1,0 +1,158 @@
+-- outbox.emit(): rows, identity, topics, sequence, validation.
+
+-- the happy path: one row per call, returned id is the row's event_id
+BEGIN;
+SELECT outbox.emit('order', '42', 'order.confirmed', '{"total": 250}') AS id \gset
+SELECT event_id = :'id' AS same_id, aggregate_type, aggregate_id, seq, event_type,
+       schema_version, topic, key, payload, headers, tenant, traceparent,
+       txid = pg_current_xact_id() AS own_txid,
+       occurred_at = now() AS occurred_now, created_at >= now() AS created_later
+  FROM outbox.events WHERE event_id = :'id';
+COMMIT;
+
+-- UUIDv7: version 7, RFC variant, time-ordered, timestamp is now
+SELECT substr(outbox.emit('order', '42', 'order.shipped', '{}')::text, 15, 1) AS version_nibble;
+SELECT substr(outbox.uuid_v7()::text, 20, 1) IN ('8', '9', 'a', 'b') AS rfc_variant;
+SELECT bool_and(a < b) AS strictly_increasing
+  FROM (SELECT outbox.uuid_v7() AS a, outbox.uuid_v7() AS b FROM generate_series(1, 1000)) s;
+SELECT abs(extract(epoch FROM clock_timestamp()) * 1000
+           - ('x' || translate(left(outbox.uuid_v7()::text, 13), '-', ''))::bit(48)::bigint) < 5000
+       AS timestamp_is_now;
+
+-- seq: per aggregate, gapless; a rollback consumes no number
+SELECT outbox.emit('order', '42', 'order.paid', '{}') IS NOT NULL AS emitted;
+BEGIN;
+SELECT outbox.emit('order', '42', 'order.cancelled', '{}') IS NOT NULL AS emitted;
+ROLLBACK;
+SELECT outbox.emit('order', '42', 'order.delivered', '{}') IS NOT NULL AS emitted;
+SELECT outbox.emit('order', '43', 'order.confirmed', '{}') IS NOT NULL AS emitted;
+SELECT outbox.emit('invoice', '42', 'invoice.issued', '{}') IS NOT NULL AS emitted;
+SELECT aggregate_type, aggregate_id, event_type, seq FROM outbox.events ORDER BY id;
+SELECT * FROM outbox.aggregates ORDER BY 1, 2;
+
+-- two events of one aggregate in one transaction
+BEGIN;
+SELECT outbox.emit('cart', 'c1', 'cart.item_added', '{"sku": "a"}') IS NOT NULL AS emitted;
+SELECT outbox.emit('cart', 'c1', 'cart.item_added', '{"sku": "b"}') IS NOT NULL AS emitted;
+COMMIT;
+SELECT seq, payload FROM outbox.events WHERE aggregate_type = 'cart' ORDER BY id;
+
+-- with outbox.aggregate_sequence off there is no seq and no counter row
+SET outbox.aggregate_sequence = off;
+SELECT outbox.emit('cart', 'c2', 'cart.opened', '{}') IS NOT NULL AS emitted;
+SELECT seq IS NULL AS no_seq FROM outbox.events WHERE aggregate_id = 'c2';
+SELECT count(*) AS counter_rows FROM outbox.aggregates WHERE aggregate_id = 'c2';
+RESET outbox.aggregate_sequence;
+
+-- caller-given event id; reusing it is a unique violation
+SELECT outbox.emit('order', '44', 'order.confirmed', '{}',
+                   event_id => '0190a6f2-0000-7000-8000-000000000001');
+SELECT t.err($$SELECT outbox.emit('order', '44', 'order.confirmed', '{}',
+                   event_id => '0190a6f2-0000-7000-8000-000000000001')$$);
+
+-- key, schema_version, occurred_at, headers, explicit topic
+SELECT outbox.emit('order', '45', 'order.confirmed', '{"a": [1, 2]}',
+                   headers => '{"source": "checkout", "lang": "en"}',
+                   topic => 'orders.v2', key => 'customer-7', schema_version => 3,
+                   occurred_at => '2026-01-02 03:04:05+00') AS id \gset
+SELECT topic, key, schema_version, occurred_at AT TIME ZONE 'UTC' AS occurred_utc, headers, payload
+  FROM outbox.events WHERE event_id = :'id';
+
+-- topic from outbox.topic_template
+SET outbox.topic_template = 'shop.{aggregate_type}.{event_type}';
+SELECT outbox.emit('order', '46', 'order.confirmed', '{}') AS id \gset
+SELECT topic FROM outbox.events WHERE event_id = :'id';
+SET outbox.topic_template = 'all-events';
+SELECT outbox.emit('order', '46', 'order.paid', '{}') AS id \gset
+SELECT topic FROM outbox.events WHERE event_id = :'id';
+RESET outbox.topic_template;
+SHOW outbox.topic_template;
+SELECT t.err($$SET outbox.topic_template = 'shop.{aggregate}'$$);
+SELECT t.err($$SET outbox.topic_template = 'shop/{aggregate_type}'$$);
+SELECT t.err($$SET outbox.topic_template = ''$$);
+-- a template that expands to an illegal name is caught at emit
+SELECT t.err($$SELECT outbox.emit('order line', '1', 'x', '{}')$$);
+
+-- topic names Kafka would refuse
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'bad topic')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => '.')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => '..')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => '')$$);
+SELECT t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', topic => %L)$$, repeat('a', 250)));
+SELECT outbox.emit('order', '1', 'x', '{}', topic => repeat('a', 249)) IS NOT NULL AS longest_topic_ok;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => '...') IS NOT NULL AS three_dots_ok;
+
+-- required arguments
+SELECT t.err($$SELECT outbox.emit(NULL, '1', 'x', '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', NULL, 'x', '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', NULL, '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', NULL)$$);
+SELECT t.err($$SELECT outbox.emit('', '1', 'x', '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '', 'x', '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', '', '{}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', schema_version => 0)$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', schema_version => NULL)$$);
+SELECT outbox.emit('order', '1', 'x', 'null') IS NOT NULL AS json_null_payload_ok;
+
+-- headers: a JSON object of strings
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '["a"]')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '"a"')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"retries": 3}')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"a": "b", "n": null}')$$);
+SELECT outbox.emit('order', '1', 'x', '{}', headers => '{}') IS NOT NULL AS empty_headers_ok;
+
+-- payload size limit, in bytes of JSON text, settable per session with units
+SHOW outbox.max_payload_bytes;
+SET outbox.max_payload_bytes = '1kB';
+SHOW outbox.max_payload_bytes;
+SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 1015))) IS NOT NULL AS at_limit_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 1016)))$$);
+SET outbox.max_payload_bytes = 100;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 200)))$$);
+RESET outbox.max_payload_bytes;
+SELECT t.err($$SET outbox.max_payload_bytes = 0$$);
+
+-- traceparent and tenant from the session, typically SET LOCAL per transaction
+BEGIN;
+SET LOCAL outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+SET LOCAL outbox.tenant = 'acme';
+SELECT outbox.emit('order', '47', 'order.confirmed', '{}') AS id \gset
+SELECT tenant, traceparent FROM outbox.events WHERE event_id = :'id';
+COMMIT;
+SELECT outbox.emit('order', '47', 'order.paid', '{}') AS id \gset
+SELECT tenant IS NULL AND traceparent IS NULL AS cleared_after_commit FROM outbox.events WHERE event_id = :'id';
+SELECT t.err($$SET outbox.traceparent = 'not-a-traceparent'$$);
+SELECT t.err($$SET outbox.traceparent = '00-00000000000000000000000000000000-00f067aa0ba902b7-01'$$);
+SELECT t.err($$SET outbox.traceparent = '00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01'$$);
+SELECT t.err($$SET outbox.traceparent = 'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'$$);
+SELECT t.err($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra'$$);
+SELECT t.err($$SET outbox.traceparent = '01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra'$$);
+RESET outbox.traceparent;
+
+-- read-only transactions cannot emit
+BEGIN READ ONLY;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}')$$);
+COMMIT;
+SET default_transaction_read_only = on;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}')$$);
+RESET default_transaction_read_only;
+
+-- emit in a subtransaction that rolls back leaves nothing behind
+BEGIN;
+SAVEPOINT s;
+SELECT outbox.emit('order', '48', 'order.confirmed', '{}') IS NOT NULL AS emitted;
+ROLLBACK TO SAVEPOINT s;
+SELECT outbox.emit('order', '48', 'order.paid', '{}') IS NOT NULL AS emitted;
+COMMIT;
+SELECT event_type, seq FROM outbox.events WHERE aggregate_id = '48' ORDER BY id;
+
+-- event rows carry the top-level transaction id even from a subtransaction
+BEGIN;
+SAVEPOINT s;
+SELECT outbox.emit('order', '49', 'order.confirmed', '{}') AS id \gset
+SELECT txid = pg_current_xact_id() AS top_level_txid FROM outbox.events WHERE event_id = :'id';
+RELEASE SAVEPOINT s;
+COMMIT;
+
+-- publishing needs the preload; this server has none, and says so
+SELECT t.err($$SELECT * FROM outbox.relay_status()$$);

@@ -1,0 +1,54 @@
+-- PUBLIC can neither emit nor read the log; writers and readers get grants.
+CREATE ROLE outbox_nobody;
+CREATE ROLE outbox_writer;
+CREATE ROLE outbox_reader;
+
+-- the grants the README shows
+GRANT USAGE ON SCHEMA outbox TO outbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz)
+  TO outbox_writer;
+GRANT USAGE ON SCHEMA outbox TO outbox_reader;
+GRANT SELECT ON outbox.events TO outbox_reader;
+
+SET ROLE outbox_nobody;
+SELECT t.err($$SELECT outbox.emit('order', '900', 'order.confirmed', '{}')$$);
+SELECT t.err($$SELECT count(*) FROM outbox.events$$);
+SELECT t.err($$SELECT count(*) FROM outbox.aggregates$$);
+RESET ROLE;
+
+-- a writer emits through the function only: it cannot touch the tables
+SET ROLE outbox_writer;
+SELECT outbox.emit('order', '900', 'order.confirmed', '{}') IS NOT NULL AS writer_emits;
+SELECT t.err($$SELECT count(*) FROM outbox.events$$);
+SELECT t.err($$INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, topic, key, payload, occurred_at)
+               VALUES (gen_random_uuid(), 'order', '900', 'forged', 't', 'k', '{}', now())$$);
+SELECT t.err($$UPDATE outbox.aggregates SET last_seq = 0$$);
+RESET ROLE;
+
+-- a reader reads the log but cannot emit or change it
+SET ROLE outbox_reader;
+SELECT event_type, seq FROM outbox.events WHERE aggregate_id = '900';
+SELECT t.err($$SELECT outbox.emit('order', '900', 'order.paid', '{}')$$);
+SELECT t.err($$DELETE FROM outbox.events$$);
+RESET ROLE;
+
+-- a writer's trigger: capture() runs emit() as the modifying user
+CREATE TABLE shop.notes (id int PRIMARY KEY, body text);
+CREATE TRIGGER notes_outbox AFTER INSERT ON shop.notes
+  FOR EACH ROW EXECUTE FUNCTION outbox.capture('note', 'id');
+GRANT USAGE ON SCHEMA shop TO outbox_writer, outbox_nobody;
+GRANT INSERT ON shop.notes TO outbox_writer, outbox_nobody;
+SET ROLE outbox_nobody;
+SELECT t.err($$INSERT INTO shop.notes VALUES (1, 'x')$$);
+RESET ROLE;
+SET ROLE outbox_writer;
+INSERT INTO shop.notes VALUES (2, 'y');
+RESET ROLE;
+SELECT aggregate_id, event_type FROM outbox.events WHERE aggregate_type = 'note';
+
+DROP TABLE shop.notes;
+REVOKE ALL ON SCHEMA shop FROM outbox_writer, outbox_nobody;
+REVOKE ALL ON SCHEMA outbox FROM outbox_writer, outbox_reader;
+REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) FROM outbox_writer;
+REVOKE ALL ON outbox.events FROM outbox_reader;
+DROP ROLE outbox_nobody, outbox_writer, outbox_reader;

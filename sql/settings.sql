@@ -1,0 +1,43 @@
+-- Server settings: Kafka properties are judged by librdkafka when set, and
+-- the relay settings are for postgresql.conf, not sessions.  (This server
+-- does not preload the library; LOAD defines the settings in this session.)
+LOAD 'outbox';
+SELECT name, setting, unit, context FROM pg_settings WHERE name LIKE 'outbox.%' ORDER BY name;
+
+ALTER SYSTEM SET outbox.kafka_config = 'acks=banana';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.kafka_config = 'no.such.property=1';
+ALTER SYSTEM SET outbox.kafka_config = 'linger.ms';
+ALTER SYSTEM SET outbox.kafka_config = 'bootstrap.servers=x:9092';
+ALTER SYSTEM SET outbox.kafka_config = 'enable.idempotence=false';
+-- a secret's value never appears in the error
+ALTER SYSTEM SET outbox.kafka_config = 'sasl.mechanisms=PLAIN;ssl.key.password';
+ALTER SYSTEM SET outbox.kafka_config = 'sasl.password=hunter2;acks=banana';
+-- several properties, spaces allowed around them
+ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5; compression.codec=lz4; acks=all';
+ALTER SYSTEM RESET outbox.kafka_config;
+
+ALTER SYSTEM SET outbox.batch_size = 0;
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.poll_interval = '1ms';
+ALTER SYSTEM SET outbox.enabled = 'maybe';
+ALTER SYSTEM SET outbox.shutdown_timeout = '-1s';
+
+-- relay settings cannot be changed per session
+SELECT t.err($$SET outbox.kafka_brokers = 'localhost:9092'$$);
+SELECT t.err($$SET outbox.batch_size = 10$$);
+SELECT t.err($$SET outbox.enabled = off$$);
+-- the outbox prefix is reserved
+SELECT t.err($$SET outbox.no_such_setting = 1$$);
+
+-- only superusers read the Kafka settings or turn the sequence off
+CREATE ROLE outbox_plain;
+SET ROLE outbox_plain;
+SELECT t.err($$SHOW outbox.kafka_config$$);
+SELECT t.err($$SHOW outbox.kafka_brokers$$);
+SELECT t.err($$SET outbox.aggregate_sequence = off$$);
+-- session settings are anyone's
+SELECT t.err($$SET outbox.tenant = 'acme'$$);
+SELECT t.err($$SET outbox.max_payload_bytes = '64kB'$$);
+RESET ROLE;
+DROP ROLE outbox_plain;
