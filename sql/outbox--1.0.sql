@@ -64,10 +64,54 @@ COMMENT ON TABLE outbox.relay_progress IS
 	'Delivery progress of each relay, written once per acknowledged page';
 INSERT INTO outbox.relay_progress (relay) VALUES ('default');
 
+/*
+ * Events Kafka refused for good, and the events parked behind them.  The
+ * event rows stay in outbox.events; this is their delivery state.
+ */
+CREATE TABLE outbox.dead_letters (
+	event_id		uuid PRIMARY KEY,
+	event_pk		bigint NOT NULL,
+	aggregate_type	text NOT NULL,
+	aggregate_id	text NOT NULL,
+	seq				bigint,
+	event_type		text NOT NULL,
+	topic			text NOT NULL,
+	state			text NOT NULL
+		CHECK (state IN ('quarantined', 'parked', 'replaying', 'replayed', 'discarded')),
+	blocked_by		uuid,
+	error_class		text,
+	last_error		text,
+	attempts		integer NOT NULL DEFAULT 0,
+	first_failed_at	timestamptz,
+	last_failed_at	timestamptz,
+	quarantined_at	timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	resolved_at		timestamptz,
+	envelope		jsonb NOT NULL
+);
+CREATE INDEX dead_letters_active_idx ON outbox.dead_letters (aggregate_type, aggregate_id)
+	WHERE state IN ('quarantined', 'parked', 'replaying');
+COMMENT ON TABLE outbox.dead_letters IS
+	'Quarantined events (refused by Kafka after outbox.max_attempts) and the events parked behind them';
+COMMENT ON COLUMN outbox.dead_letters.state IS
+	'quarantined: refused; parked: waits behind blocked_by; replaying: queued for the relay; replayed or discarded: resolved';
+
+/* Events the relay is asked to publish again (outbox.replay, outbox.discard). */
+CREATE TABLE outbox.replay_queue (
+	position		bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	event_pk		bigint NOT NULL,
+	dead_letter		boolean NOT NULL,
+	requested_at	timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE outbox.replay_queue IS
+	'Events queued for publishing again, in position order, with their original event_id';
+
 SELECT pg_catalog.pg_extension_config_dump('outbox.events', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.aggregates', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.relay_progress', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.replay_queue', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.replay_queue_position_seq', '');
 
 CREATE FUNCTION outbox.emit(
 	aggregate_type	text,
@@ -167,3 +211,197 @@ LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION outbox.relay_status() IS
 	'State and counters of this database''s relay, from shared memory (needs shared_preload_libraries)';
 REVOKE ALL ON FUNCTION outbox.relay_status() FROM PUBLIC;
+
+CREATE FUNCTION outbox.notify_relay()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_notify_relay'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION outbox.notify_relay() IS
+	'Wakes this database''s relay when the current transaction commits';
+REVOKE ALL ON FUNCTION outbox.notify_relay() FROM PUBLIC;
+
+/*
+ * replay(event_id): publish a quarantined event again, then the events
+ * parked behind it, in order, with their original ids.
+ */
+CREATE FUNCTION outbox.replay(event_id uuid)
+RETURNS TABLE (queued_event_id uuid, aggregate_type text, aggregate_id text,
+			   seq bigint, was text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	head	outbox.dead_letters;
+BEGIN
+	IF replay.event_id IS NULL THEN
+		RAISE EXCEPTION 'event_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO head FROM outbox.dead_letters d WHERE d.event_id = replay.event_id FOR UPDATE;
+	IF NOT FOUND THEN
+		IF EXISTS (SELECT 1 FROM outbox.events e WHERE e.event_id = replay.event_id) THEN
+			RAISE EXCEPTION 'event % is not quarantined', replay.event_id
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  HINT = 'To publish delivered events again, use outbox.replay(since, until).';
+		END IF;
+		RAISE EXCEPTION 'event % does not exist', replay.event_id
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF head.state = 'parked' THEN
+		RAISE EXCEPTION 'event % is parked, not quarantined', replay.event_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = format('It waits behind event %s; replay or discard that one.', head.blocked_by);
+	ELSIF head.state <> 'quarantined' THEN
+		RAISE EXCEPTION 'event % is %, not quarantined', replay.event_id, head.state
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+
+	RETURN QUERY
+	WITH chosen AS (
+		UPDATE outbox.dead_letters d SET state = 'replaying'
+		 WHERE d.event_id = head.event_id
+			OR (d.blocked_by = head.event_id AND d.state = 'parked')
+		RETURNING d.*
+	), queued AS (
+		INSERT INTO outbox.replay_queue (event_pk, dead_letter)
+		SELECT c.event_pk, true FROM chosen c ORDER BY c.event_pk
+		RETURNING event_pk
+	)
+	SELECT c.event_id, c.aggregate_type, c.aggregate_id, c.seq,
+		   CASE WHEN c.event_id = head.event_id THEN 'quarantined' ELSE 'parked' END
+	  FROM chosen c ORDER BY c.event_pk;
+	PERFORM outbox.notify_relay();
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(uuid) IS
+	'Publishes a quarantined event again, then the events parked behind it, with their original ids';
+
+/* discard(event_id): drop a quarantined event and release what waits behind it. */
+CREATE FUNCTION outbox.discard(event_id uuid)
+RETURNS TABLE (affected_event_id uuid, aggregate_type text, aggregate_id text,
+			   seq bigint, action text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	head	outbox.dead_letters;
+BEGIN
+	IF discard.event_id IS NULL THEN
+		RAISE EXCEPTION 'event_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO head FROM outbox.dead_letters d WHERE d.event_id = discard.event_id FOR UPDATE;
+	IF NOT FOUND OR head.state <> 'quarantined' THEN
+		RAISE EXCEPTION 'event % is not quarantined', discard.event_id
+			USING ERRCODE = CASE WHEN FOUND THEN 'object_not_in_prerequisite_state' ELSE 'undefined_object' END;
+	END IF;
+
+	UPDATE outbox.dead_letters d SET state = 'discarded', resolved_at = now()
+	 WHERE d.event_id = head.event_id;
+	RETURN QUERY
+	SELECT head.event_id, head.aggregate_type, head.aggregate_id, head.seq, 'discarded'::text;
+	RETURN QUERY
+	WITH released AS (
+		UPDATE outbox.dead_letters d SET state = 'replaying'
+		 WHERE d.blocked_by = head.event_id AND d.state = 'parked'
+		RETURNING d.*
+	), queued AS (
+		INSERT INTO outbox.replay_queue (event_pk, dead_letter)
+		SELECT r.event_pk, true FROM released r ORDER BY r.event_pk
+	)
+	SELECT r.event_id, r.aggregate_type, r.aggregate_id, r.seq, 'released'::text
+	  FROM released r ORDER BY r.event_pk;
+	PERFORM outbox.notify_relay();
+END
+$$;
+COMMENT ON FUNCTION outbox.discard(uuid) IS
+	'Drops a quarantined event for good and publishes the events parked behind it';
+
+/* replay(since, until): publish again retained events the relay already delivered. */
+CREATE FUNCTION outbox.replay(since timestamptz, until timestamptz,
+							  aggregate_type text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	queued	bigint;
+BEGIN
+	IF since IS NULL OR until IS NULL THEN
+		RAISE EXCEPTION 'since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF since >= until THEN
+		RAISE EXCEPTION 'since must be earlier than until'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	INSERT INTO outbox.replay_queue (event_pk, dead_letter)
+	SELECT e.id, false
+	  FROM outbox.events e, outbox.relay_progress p
+	 WHERE p.relay = 'default'
+	   AND e.created_at >= since AND e.created_at < until
+	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
+	   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+					    WHERE d.event_id = e.event_id AND d.state IN ('quarantined', 'parked', 'replaying', 'discarded'))
+	 ORDER BY e.id;
+	GET DIAGNOSTICS queued = ROW_COUNT;
+	PERFORM outbox.notify_relay();
+	RETURN queued;
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(timestamptz, timestamptz, text) IS
+	'Publishes again, with their original ids, the delivered events created in [since, until); returns how many were queued';
+
+/*
+ * cleanup(dry_run, max_events): the published events older than
+ * outbox.retention.  Never an undelivered, quarantined, parked or queued one.
+ */
+CREATE FUNCTION outbox.cleanup(dry_run boolean DEFAULT true, max_events integer DEFAULT 10000)
+RETURNS TABLE (events bigint, oldest timestamptz, newest timestamptz, deleted boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	cutoff	timestamptz;
+BEGIN
+	IF dry_run IS NULL OR max_events IS NULL OR max_events < 1 THEN
+		RAISE EXCEPTION 'max_events must be at least 1 and dry_run not null'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	cutoff := now() - coalesce(
+		(SELECT s.setting::bigint * interval '1 second' FROM pg_settings s WHERE s.name = 'outbox.retention'),
+		interval '7 days');
+
+	IF dry_run THEN
+		RETURN QUERY
+		SELECT count(*), min(e.created_at), max(e.created_at), false
+		  FROM outbox.events e, outbox.relay_progress p
+		 WHERE p.relay = 'default' AND e.created_at < cutoff
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id);
+		RETURN;
+	END IF;
+
+	RETURN QUERY
+	WITH doomed AS (
+		SELECT e.id FROM outbox.events e, outbox.relay_progress p
+		 WHERE p.relay = 'default' AND e.created_at < cutoff
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		 ORDER BY e.id LIMIT max_events
+	), gone AS (
+		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id
+		RETURNING e.created_at
+	)
+	SELECT count(*), min(g.created_at), max(g.created_at), true FROM gone g;
+END
+$$;
+COMMENT ON FUNCTION outbox.cleanup(boolean, integer) IS
+	'Reports (dry_run) or deletes up to max_events published events older than outbox.retention';
+
+REVOKE ALL ON FUNCTION outbox.replay(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.discard(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(timestamptz, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.cleanup(boolean, integer) FROM PUBLIC;

@@ -37,6 +37,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
+PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 #define EMIT_NARGS 12
 
@@ -512,4 +513,16 @@ outbox_uuid_v7(PG_FUNCTION_ARGS)
 
 	generate_uuid_v7(uuid);
 	PG_RETURN_UUID_P(uuid);
+}
+
+/*
+ * outbox_notify_relay
+ *		SQL outbox.notify_relay(): wake the relay when this transaction
+ *		commits (used by replay and discard, which queue work for it).
+ */
+Datum
+outbox_notify_relay(PG_FUNCTION_ARGS)
+{
+	wake_at_commit = true;
+	PG_RETURN_VOID();
 }

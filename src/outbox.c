@@ -35,6 +35,17 @@ int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
+int			outbox_retry_backoff_min = OUTBOX_BACKOFF_MIN_DEFAULT;
+int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
+int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
+int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
+int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
+
+static const struct config_enum_entry poison_policy_options[] = {
+	{"block", OUTBOX_POISON_BLOCK, false},
+	{"skip", OUTBOX_POISON_SKIP, false},
+	{NULL, 0, false}
+};
 
 void		_PG_init(void);
 
@@ -167,6 +178,46 @@ _PG_init(void)
 							&outbox_shutdown_timeout,
 							OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT, 0, OUTBOX_SHUTDOWN_TIMEOUT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_backoff_min",
+							"Shortest wait before a failed page is sent again.",
+							"Waits grow exponentially, with full jitter, up to outbox.retry_backoff_max.",
+							&outbox_retry_backoff_min,
+							OUTBOX_BACKOFF_MIN_DEFAULT, 1, OUTBOX_BACKOFF_LIMIT,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_backoff_max",
+							"Longest wait before a failed page is sent again.",
+							NULL,
+							&outbox_retry_backoff_max,
+							OUTBOX_BACKOFF_MAX_DEFAULT, 1, OUTBOX_BACKOFF_LIMIT,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_attempts",
+							"Attempts at an event Kafka refuses for good before it is quarantined.",
+							NULL,
+							&outbox_max_attempts,
+							OUTBOX_MAX_ATTEMPTS_DEFAULT, 1, OUTBOX_MAX_ATTEMPTS_LIMIT,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("outbox.poison_policy",
+							 "What happens to later events of an aggregate whose event was quarantined.",
+							 "block parks them until the quarantined event is replayed or discarded; skip publishes them.",
+							 &outbox_poison_policy,
+							 OUTBOX_POISON_BLOCK, poison_policy_options,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retention",
+							"How long published events stay in outbox.events.",
+							"Older published events are deleted by the relay when it is idle.",
+							&outbox_retention,
+							OUTBOX_RETENTION_DEFAULT, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");

@@ -30,7 +30,20 @@
 #define OUTBOX_MAX_DATABASES_DEFAULT 16
 #define OUTBOX_MAX_DATABASES_MAX	1024
 
+#define OUTBOX_BACKOFF_MIN_DEFAULT	100
+#define OUTBOX_BACKOFF_MAX_DEFAULT	30000
+#define OUTBOX_BACKOFF_LIMIT		3600000
+#define OUTBOX_MAX_ATTEMPTS_DEFAULT 5
+#define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
+#define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
+
 #define OUTBOX_TOPIC_MAX_LEN		249
+
+typedef enum OutboxPoisonPolicy
+{
+	OUTBOX_POISON_BLOCK,
+	OUTBOX_POISON_SKIP
+} OutboxPoisonPolicy;
 
 /* settings (outbox.c) */
 extern char *outbox_topic_template;
@@ -45,6 +58,11 @@ extern int	outbox_poll_interval;
 extern bool outbox_enabled;
 extern int	outbox_shutdown_timeout;
 extern int	outbox_max_databases;
+extern int	outbox_retry_backoff_min;
+extern int	outbox_retry_backoff_max;
+extern int	outbox_max_attempts;
+extern int	outbox_poison_policy;
+extern int	outbox_retention;
 
 /* emit.c */
 extern bool OutboxTopicNameIsLegal(const char *name, int len);
