@@ -69,6 +69,7 @@ static SPIPlanPtr emit_plan_noseq = NULL;
 
 /* set by emit(), consumed by the transaction callback */
 static bool wake_at_commit = false;
+static bool replay_at_commit = false;
 
 /* last UUIDv7 timestamp of this backend, in 1/4096 ms since 1970 */
 static int64 uuid_last_tick = 0;
@@ -92,17 +93,15 @@ emit_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			if (wake_at_commit)
-			{
-				wake_at_commit = false;
-				OutboxWakeRelay(MyDatabaseId);
-			}
+			if (wake_at_commit || replay_at_commit)
+				OutboxWakeRelay(MyDatabaseId, replay_at_commit);
+			wake_at_commit = replay_at_commit = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			/* a prepared transaction is found by the relay's safety poll */
-			wake_at_commit = false;
+			wake_at_commit = replay_at_commit = false;
 			break;
 		default:
 			break;
@@ -518,11 +517,12 @@ outbox_uuid_v7(PG_FUNCTION_ARGS)
 /*
  * outbox_notify_relay
  *		SQL outbox.notify_relay(): wake the relay when this transaction
- *		commits (used by replay and discard, which queue work for it).
+ *		commits and have it look at the replay queue (replay and discard
+ *		queue work for it).
  */
 Datum
 outbox_notify_relay(PG_FUNCTION_ARGS)
 {
-	wake_at_commit = true;
+	replay_at_commit = true;
 	PG_RETURN_VOID();
 }

@@ -435,3 +435,20 @@ OutboxDeliveryErrorClass(int err)
 			return OUTBOX_ERROR_TRANSIENT;
 	}
 }
+
+const char *
+OutboxErrorClassName(OutboxErrorClass c)
+{
+	switch (c)
+	{
+		case OUTBOX_ERROR_NONE:
+			return "none";
+		case OUTBOX_ERROR_TRANSIENT:
+			return "transient";
+		case OUTBOX_ERROR_PERMANENT:
+			return "permanent";
+		case OUTBOX_ERROR_FATAL:
+			return "fatal";
+	}
+	return "unknown";
+}

@@ -15,6 +15,7 @@
 
 #include "datatype/timestamp.h"
 #include "lib/stringinfo.h"
+#include "nodes/pg_list.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
 #include "utils/snapshot.h"
@@ -44,6 +45,15 @@ typedef enum OutboxPoisonPolicy
 	OUTBOX_POISON_BLOCK,
 	OUTBOX_POISON_SKIP
 } OutboxPoisonPolicy;
+
+/* Where a delivery or producer error belongs (design section 5) */
+typedef enum OutboxErrorClass
+{
+	OUTBOX_ERROR_NONE = 0,
+	OUTBOX_ERROR_TRANSIENT,
+	OUTBOX_ERROR_PERMANENT,
+	OUTBOX_ERROR_FATAL
+} OutboxErrorClass;
 
 /* settings (outbox.c) */
 extern char *outbox_topic_template;
@@ -94,12 +104,14 @@ typedef struct OutboxSlot
 	Latch	   *latch;			/* the relay's latch, NULL when none */
 	OutboxRelayState state;
 	bool		no_extension;	/* last relay found no extension */
+	bool		replay_pending; /* a commit queued replays */
 	TimestampTz hold_until;		/* launcher must not start a relay before */
 	TimestampTz started_at;
 	uint64		published;
 	uint64		pages;
 	uint64		batches;
 	uint64		delivery_errors;
+	uint64		failures[4];	/* by OutboxErrorClass */
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;
 	char		last_error[256];
@@ -107,7 +119,8 @@ typedef struct OutboxSlot
 
 extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
-extern void OutboxWakeRelay(Oid dboid);
+extern void OutboxWakeRelay(Oid dboid, bool replay);
+extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
 extern void OutboxRequestProbe(Oid dboid);
 extern bool OutboxLauncherAttach(void);
 extern int	OutboxLauncherTakeRequests(Oid *out, int max);
@@ -122,19 +135,11 @@ extern bool OutboxSlotIsHeld(OutboxSlot *slot);
 extern void OutboxSlotMarkNoExtension(OutboxSlot *slot);
 extern void OutboxSlotCountPage(OutboxSlot *slot, int events);
 extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
+extern void OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c);
 extern const char *OutboxRelayStateName(OutboxRelayState state);
 
 /* kafka.c */
 typedef struct OutboxProducer OutboxProducer;
-
-/* Where a delivery or producer error belongs (design section 5) */
-typedef enum OutboxErrorClass
-{
-	OUTBOX_ERROR_NONE = 0,
-	OUTBOX_ERROR_TRANSIENT,
-	OUTBOX_ERROR_PERMANENT,
-	OUTBOX_ERROR_FATAL
-} OutboxErrorClass;
 
 #define OUTBOX_DELIVERY_PENDING (-100000)
 
@@ -165,7 +170,26 @@ typedef struct OutboxEvent
 	char	  **header_values;
 	TimestampTz created_at;
 	int			delivery_err;
+
+	/* delivery state, kept by the relay while the page is in hand */
+	int			disposition;	/* OUTBOX_EVENT_* */
+	int			attempts;		/* permanent failures so far */
+	int			last_err;
+	OutboxErrorClass last_class;
+	TimestampTz first_failed_at;
+	TimestampTz last_failed_at;
+	char	   *blocked_by;		/* parked: event id of the quarantined head */
+	bool		requeue;		/* parked behind a head being replayed */
+
+	/* replay pages only */
+	int64		queue_position;
+	bool		dead_letter;
 } OutboxEvent;
+
+#define OUTBOX_EVENT_PENDING		0
+#define OUTBOX_EVENT_DELIVERED		1
+#define OUTBOX_EVENT_QUARANTINED	2
+#define OUTBOX_EVENT_PARKED			3
 
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
 extern OutboxProducer *OutboxProducerCreate(const char *brokers,
@@ -180,6 +204,7 @@ extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
 extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
 extern const char *OutboxDeliveryErrorName(int err);
+extern const char *OutboxErrorClassName(OutboxErrorClass c);
 
 /* store.c */
 
@@ -206,6 +231,21 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit,
 								OutboxEvent **events, MemoryContext cxt);
 extern void OutboxStoreSavePage(OutboxBatch *batch, int64 last_id,
 								int count, bool batch_done);
+extern void OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
+extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
+extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
+								   MemoryContext cxt);
+extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
+extern int64 OutboxStoreCleanup(int max_events);
+
+/* an aggregate whose events wait behind a quarantined one */
+typedef struct OutboxBlocked
+{
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *head;			/* event id of the quarantined event */
+	bool		replaying;		/* its replay is queued */
+} OutboxBlocked;
 
 /* launcher.c */
 extern void OutboxLauncherRegisterStatic(void);

@@ -42,17 +42,16 @@
 
 #include "outbox.h"
 
-#define RELAY_BACKOFF_MIN_MS	100
-#define RELAY_BACKOFF_MAX_MS	10000
 #define RELAY_LOG_INTERVAL_MS	10000
+#define RELAY_CLEANUP_INTERVAL_MS 60000
+#define RELAY_CLEANUP_BATCH		10000
 #define RELAY_ACK_POLL_MS		1000
 
 typedef enum PageResult
 {
 	PAGE_EMPTY,					/* nothing to publish */
-	PAGE_ACKED,					/* published and recorded */
-	PAGE_FAILED,				/* some message failed: back off, retry */
-	PAGE_ABANDONED				/* stopping before every ack arrived */
+	PAGE_SETTLED,				/* every event delivered, quarantined or parked */
+	PAGE_ABANDONED				/* stopping before that */
 } PageResult;
 
 static OutboxSlot *relay_slot = NULL;
@@ -69,6 +68,14 @@ static char *producer_config = NULL;
 static int	backoff_ms = 0;
 static TimestampTz last_error_log = 0;
 static int	errors_since_log = 0;
+
+/* aggregates whose events wait behind a quarantined one (OutboxBlocked) */
+static List *blocked = NIL;
+static MemoryContext blocked_cxt = NULL;
+static bool blocked_stale = true;
+static bool replays_due = true;
+
+static TimestampTz next_cleanup = 0;
 
 static void
 relay_detach(int code, Datum arg)
@@ -268,87 +275,6 @@ wait_for_acks(void)
 }
 
 /*
- * publish_page
- *		Read the next page of the batch, publish it, and record it once
- *		every message is acknowledged.
- */
-static PageResult
-publish_page(void)
-{
-	OutboxEvent *events;
-	int			n;
-	int			i;
-	int			failed = 0;
-	int			first_err = 0;
-	bool		done;
-	char		activity[64];
-
-	MemoryContextReset(page_cxt);
-
-	begin_txn("reading events");
-	if (!OutboxStoreExtensionPresent())
-		exit_without_extension();
-	if (!batch_open)
-	{
-		if (!OutboxStoreOpenBatch(&batch, relay_cxt))
-		{
-			end_txn();
-			return PAGE_EMPTY;
-		}
-		batch_open = true;
-	}
-	n = OutboxStoreReadPage(&batch, outbox_batch_size, &events, page_cxt);
-	end_txn();
-
-	set_state(OUTBOX_RELAY_PUBLISHING);
-	snprintf(activity, sizeof(activity), "publishing %d events", n);
-	pgstat_report_activity(STATE_RUNNING, activity);
-	for (i = 0; i < n; i++)
-		OutboxProducerSend(producer, &events[i]);
-	snprintf(activity, sizeof(activity), "waiting for acknowledgement of %d events", n);
-	pgstat_report_activity(STATE_RUNNING, activity);
-	if (!wait_for_acks())
-		return PAGE_ABANDONED;
-	pgstat_report_activity(STATE_IDLE, NULL);
-	drain_producer_errors();
-
-	for (i = 0; i < n; i++)
-		if (events[i].delivery_err != 0)
-		{
-			if (failed++ == 0)
-				first_err = events[i].delivery_err;
-		}
-	if (failed > 0)
-	{
-		char		detail[200];
-
-		snprintf(detail, sizeof(detail), "%d of %d events failed, first with %s",
-				 failed, n, OutboxDeliveryErrorName(first_err));
-		report_error("could not publish a page of events", detail);
-		return PAGE_FAILED;
-	}
-
-	done = (n < outbox_batch_size) || events[n - 1].id >= batch.max_id;
-	begin_txn("recording progress");
-	OutboxStoreSavePage(&batch, n > 0 ? events[n - 1].id : batch.last_id, n, done);
-	end_txn();
-
-	OutboxSlotCountPage(relay_slot, n);
-	if (done)
-	{
-		if (batch.prev != NULL)
-			pfree(batch.prev);
-		batch.prev = batch.cur;
-		batch.cur = NULL;
-		batch.last_id = 0;
-		batch_open = false;
-	}
-	else
-		batch.last_id = events[n - 1].id;
-	return PAGE_ACKED;
-}
-
-/*
  * sleep_ms
  *		Wait on the latch for up to ms; commits and signals cut it short.
  */
@@ -361,34 +287,400 @@ sleep_ms(long ms)
 	CHECK_FOR_INTERRUPTS();
 }
 
-/* Exponential backoff with full jitter between the bounds. */
+/*
+ * back_off
+ *		Wait before trying again: exponential between outbox.retry_backoff_min
+ *		and outbox.retry_backoff_max, with full jitter.  Commits do not cut
+ *		it short; shutdown does.
+ */
 static void
 back_off(void)
 {
-	long		ceiling;
+	long		floor_ms = outbox_retry_backoff_min;
+	long		ceiling_ms = Max(outbox_retry_backoff_max, floor_ms);
+	long		wait_ms;
+	TimestampTz until;
 
-	backoff_ms = backoff_ms == 0 ? RELAY_BACKOFF_MIN_MS :
-		Min(backoff_ms * 2, RELAY_BACKOFF_MAX_MS);
-	ceiling = backoff_ms;
+	backoff_ms = backoff_ms == 0 ? floor_ms : Min((long) backoff_ms * 2, ceiling_ms);
+	wait_ms = floor_ms + (long) pg_prng_uint64_range(&pg_global_prng_state, 0,
+													 Max(backoff_ms - floor_ms, 0));
 	set_state(OUTBOX_RELAY_BACKING_OFF);
 	pgstat_report_activity(STATE_RUNNING, "backing off");
-	/* a commit sets the latch, but backing off must not end early */
+	until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+	while (!ShutdownRequestPending)
 	{
-		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														RELAY_BACKOFF_MIN_MS / 2 +
-														(long) pg_prng_uint64_range(&pg_global_prng_state, 0, ceiling));
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
 
-		while (!ShutdownRequestPending)
-		{
-			long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
-
-			if (left <= 0)
-				break;
-			sleep_ms(left);
-			process_reload();
-		}
+		if (left <= 0)
+			break;
+		sleep_ms(left);
+		process_reload();
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+static OutboxBlocked *
+find_blocked(const OutboxEvent *ev)
+{
+	ListCell   *lc;
+
+	foreach(lc, blocked)
+	{
+		OutboxBlocked *b = (OutboxBlocked *) lfirst(lc);
+
+		if (strcmp(b->aggregate_id, ev->aggregate_id) == 0 &&
+			strcmp(b->aggregate_type, ev->aggregate_type) == 0)
+			return b;
+	}
+	return NULL;
+}
+
+/* caller is in a transaction */
+static void
+reload_blocked(void)
+{
+	MemoryContextReset(blocked_cxt);
+	blocked = OutboxStoreLoadBlocked(blocked_cxt);
+	blocked_stale = false;
+}
+
+static void
+block_aggregate(const OutboxEvent *head)
+{
+	MemoryContext old = MemoryContextSwitchTo(blocked_cxt);
+	OutboxBlocked *b = palloc(sizeof(OutboxBlocked));
+
+	b->aggregate_type = pstrdup(head->aggregate_type);
+	b->aggregate_id = pstrdup(head->aggregate_id);
+	b->head = pstrdup(head->event_id);
+	b->replaying = false;
+	blocked = lappend(blocked, b);
+	MemoryContextSwitchTo(old);
+}
+
+static bool
+same_aggregate(const OutboxEvent *a, const OutboxEvent *b)
+{
+	return strcmp(a->aggregate_id, b->aggregate_id) == 0 &&
+		strcmp(a->aggregate_type, b->aggregate_type) == 0;
+}
+
+/*
+ * quarantine
+ *		events[i] was refused outbox.max_attempts times.  With the block
+ *		policy, the later events of its aggregate in this page park behind
+ *		it, and so will those of later pages.
+ */
+static void
+quarantine(OutboxEvent *events, int n, int i, bool replay)
+{
+	OutboxEvent *head = &events[i];
+	int			j;
+
+	head->disposition = OUTBOX_EVENT_QUARANTINED;
+	ereport(LOG,
+			(errmsg("outbox relay quarantined event %s after %d attempts",
+					head->event_id, head->attempts),
+			 errdetail("Kafka refused it with %s (aggregate %s/%s, topic \"%s\").",
+					   OutboxDeliveryErrorName(head->last_err), head->aggregate_type,
+					   head->aggregate_id, head->topic),
+			 errhint("outbox.replay('%s') publishes it again; outbox.discard('%s') drops it.",
+					 head->event_id, head->event_id)));
+	if (outbox_poison_policy != OUTBOX_POISON_BLOCK)
+		return;
+	for (j = i + 1; j < n; j++)
+		if (events[j].disposition == OUTBOX_EVENT_PENDING &&
+			same_aggregate(&events[j], head))
+		{
+			events[j].disposition = OUTBOX_EVENT_PARKED;
+			events[j].blocked_by = head->event_id;
+		}
+	if (!replay && find_blocked(head) == NULL)
+		block_aggregate(head);
+}
+
+/* librdkafka refused the event at once, without a delivery report */
+static bool
+refused_now(const OutboxEvent *ev)
+{
+	return ev->delivery_err != OUTBOX_DELIVERY_PENDING && ev->delivery_err != 0;
+}
+
+/*
+ * held_back
+ *		Whether events[i] must wait this round: an earlier event of its
+ *		aggregate in the page was refused (in an earlier round, or just now
+ *		by librdkafka itself) and is being retried, so sending this one now
+ *		would put it ahead.
+ */
+static bool
+held_back(OutboxEvent *events, int i, bool any_refused)
+{
+	int			j;
+
+	if (!any_refused)
+		return false;
+	for (j = 0; j < i; j++)
+		if (events[j].disposition == OUTBOX_EVENT_PENDING &&
+			(events[j].attempts > 0 || refused_now(&events[j])) &&
+			same_aggregate(&events[j], &events[i]))
+			return true;
+	return false;
+}
+
+/*
+ * deliver
+ *		Publish events[0..n-1] until each is delivered, quarantined or
+ *		parked.  Transient failures resend what is not delivered, in id
+ *		order, after a backoff, as often as it takes; permanent failures
+ *		count towards outbox.max_attempts; fatal ones rebuild the producer.
+ *		Returns PAGE_ABANDONED when the relay must stop first.
+ */
+static PageResult
+deliver(OutboxEvent *events, int n, bool replay)
+{
+	for (;;)
+	{
+		int			i;
+		int			sent = 0;
+		int			failed = 0;
+		int			first_err = 0;
+		bool		any_refused = false;
+		bool		rebuild = false;
+		char		activity[64];
+
+		for (i = 0; i < n; i++)
+			if (events[i].disposition == OUTBOX_EVENT_PENDING && events[i].attempts > 0)
+				any_refused = true;
+
+		set_state(OUTBOX_RELAY_PUBLISHING);
+		for (i = 0; i < n; i++)
+		{
+			if (events[i].disposition != OUTBOX_EVENT_PENDING ||
+				held_back(events, i, any_refused))
+				continue;
+			OutboxProducerSend(producer, &events[i]);
+			sent++;
+			if (refused_now(&events[i]))
+				any_refused = true;
+		}
+		if (sent == 0)
+			return PAGE_SETTLED;
+		snprintf(activity, sizeof(activity), "waiting for acknowledgement of %d events", sent);
+		pgstat_report_activity(STATE_RUNNING, activity);
+		if (!wait_for_acks())
+			return PAGE_ABANDONED;
+		pgstat_report_activity(STATE_IDLE, NULL);
+		drain_producer_errors();
+
+		for (i = 0; i < n; i++)
+		{
+			OutboxEvent *ev = &events[i];
+			TimestampTz now;
+
+			if (ev->disposition != OUTBOX_EVENT_PENDING ||
+				ev->delivery_err == OUTBOX_DELIVERY_PENDING)
+				continue;
+			if (ev->delivery_err == 0)
+			{
+				ev->disposition = OUTBOX_EVENT_DELIVERED;
+				continue;
+			}
+			if (failed++ == 0)
+				first_err = ev->delivery_err;
+			now = GetCurrentTimestamp();
+			ev->last_err = ev->delivery_err;
+			ev->last_class = OutboxDeliveryErrorClass(ev->delivery_err);
+			ev->delivery_err = OUTBOX_DELIVERY_PENDING;
+			if (ev->first_failed_at == 0)
+				ev->first_failed_at = now;
+			ev->last_failed_at = now;
+			OutboxSlotCountFailure(relay_slot, ev->last_class);
+			if (ev->last_class == OUTBOX_ERROR_FATAL)
+				rebuild = true;
+			else if (ev->last_class == OUTBOX_ERROR_PERMANENT &&
+					 ++ev->attempts >= outbox_max_attempts)
+				quarantine(events, n, i, replay);
+		}
+
+		if (failed == 0)
+		{
+			backoff_ms = 0;
+			continue;			/* held-back events may remain */
+		}
+		{
+			char		detail[200];
+
+			snprintf(detail, sizeof(detail), "%d of %d events failed, first with %s (%s)",
+					 failed, sent, OutboxDeliveryErrorName(first_err),
+					 OutboxErrorClassName(OutboxDeliveryErrorClass(first_err)));
+			report_error("could not publish events, retrying", detail);
+		}
+		if (rebuild && producer != NULL)
+		{
+			report_error("Kafka producer failed fatally, rebuilding it",
+						 OutboxDeliveryErrorName(first_err));
+			drop_producer();
+		}
+		back_off();
+		if (ShutdownRequestPending)
+			return PAGE_ABANDONED;
+		while (!ensure_producer())
+		{
+			back_off();
+			if (ShutdownRequestPending)
+				return PAGE_ABANDONED;
+		}
+	}
+}
+
+/*
+ * publish_page
+ *		Read the next page of the batch, publish it, and record it (with
+ *		its quarantined and parked events) once every event is settled.
+ */
+static PageResult
+publish_page(void)
+{
+	OutboxEvent *events;
+	int			n;
+	int			i;
+	int			delivered = 0;
+	bool		done;
+	bool		has_dead = false;
+	PageResult	result;
+
+	MemoryContextReset(page_cxt);
+
+	begin_txn("reading events");
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension();
+	if (blocked_stale)
+		reload_blocked();
+	if (!batch_open)
+	{
+		if (!OutboxStoreOpenBatch(&batch, relay_cxt))
+		{
+			end_txn();
+			return PAGE_EMPTY;
+		}
+		batch_open = true;
+	}
+	n = OutboxStoreReadPage(&batch, outbox_batch_size, &events, page_cxt);
+	end_txn();
+
+	/* events of a blocked aggregate wait behind its quarantined head */
+	for (i = 0; i < n; i++)
+	{
+		OutboxBlocked *b = find_blocked(&events[i]);
+
+		if (b != NULL)
+		{
+			events[i].disposition = OUTBOX_EVENT_PARKED;
+			events[i].blocked_by = b->head;
+			events[i].requeue = b->replaying;
+		}
+	}
+
+	result = deliver(events, n, false);
+	if (result != PAGE_SETTLED)
+		return result;
+
+	for (i = 0; i < n; i++)
+	{
+		if (events[i].disposition == OUTBOX_EVENT_DELIVERED)
+			delivered++;
+		else
+			has_dead = true;
+		/* parked behind a head under replay: it joins the replay queue */
+		if (events[i].requeue)
+			replays_due = true;
+	}
+
+	done = (n < outbox_batch_size) || n == 0 || events[n - 1].id >= batch.max_id;
+	begin_txn("recording progress");
+	if (has_dead)
+		OutboxStoreRecordDeadLetters(events, n);
+	OutboxStoreSavePage(&batch, n > 0 ? events[n - 1].id : batch.last_id, delivered, done);
+	end_txn();
+
+	OutboxSlotCountPage(relay_slot, delivered);
+	if (done)
+	{
+		if (batch.prev != NULL)
+			pfree(batch.prev);
+		batch.prev = batch.cur;
+		batch.cur = NULL;
+		batch.last_id = 0;
+		batch_open = false;
+	}
+	else
+		batch.last_id = events[n - 1].id;
+	return PAGE_SETTLED;
+}
+
+/*
+ * publish_replays
+ *		Publish the replay queue, a page at a time, until it is empty.
+ */
+static PageResult
+publish_replays(void)
+{
+	for (;;)
+	{
+		OutboxEvent *events;
+		int			n;
+		int			i;
+		int			delivered = 0;
+		PageResult	result;
+
+		MemoryContextReset(page_cxt);
+		begin_txn("reading replays");
+		n = OutboxStoreReadReplays(outbox_batch_size, &events, page_cxt);
+		end_txn();
+		if (n == 0)
+			return PAGE_EMPTY;
+
+		result = deliver(events, n, true);
+		if (result != PAGE_SETTLED)
+			return result;
+
+		begin_txn("recording replays");
+		OutboxStoreFinishReplays(events, n);
+		end_txn();
+		/* read the settled dead letters in a transaction that sees them */
+		blocked_stale = true;
+		for (i = 0; i < n; i++)
+			if (events[i].disposition == OUTBOX_EVENT_DELIVERED)
+				delivered++;
+		OutboxSlotCountPage(relay_slot, delivered);
+		ereport(LOG,
+				(errmsg("outbox relay replayed %d of %d queued events", delivered, n)));
+	}
+}
+
+/*
+ * idle_cleanup
+ *		When idle, delete published events past outbox.retention, a bounded
+ *		batch at a time; a full batch means more may follow at the next idle
+ *		moment.
+ */
+static void
+idle_cleanup(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		deleted;
+
+	if (now < next_cleanup)
+		return;
+	begin_txn("deleting events past retention");
+	deleted = OutboxStoreCleanup(RELAY_CLEANUP_BATCH);
+	end_txn();
+	next_cleanup = deleted >= RELAY_CLEANUP_BATCH ? now :
+		TimestampTzPlusMilliseconds(now, RELAY_CLEANUP_INTERVAL_MS);
+	if (deleted > 0)
+		ereport(DEBUG1,
+				(errmsg_internal("outbox relay deleted " INT64_FORMAT " events past retention", deleted)));
 }
 
 /*
@@ -422,6 +714,8 @@ OutboxRelayMain(Datum main_arg)
 									  ALLOCSET_DEFAULT_SIZES);
 	page_cxt = AllocSetContextCreate(relay_cxt, "outbox page",
 									 ALLOCSET_DEFAULT_SIZES);
+	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",
+										ALLOCSET_SMALL_SIZES);
 
 	begin_txn("loading progress");
 	relay_dbname = MemoryContextStrdup(relay_cxt, get_database_name(dboid));
@@ -432,9 +726,13 @@ OutboxRelayMain(Datum main_arg)
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", relay_dbname),
-			 errdetail("brokers \"%s\", batch_size %d, poll_interval %d ms, enabled %s",
+			 errdetail("brokers \"%s\", batch_size %d, poll_interval %d ms, enabled %s, "
+					   "max_attempts %d, poison_policy %s, kafka_config %s",
 					   outbox_kafka_brokers, outbox_batch_size,
-					   outbox_poll_interval, outbox_enabled ? "on" : "off")));
+					   outbox_poll_interval, outbox_enabled ? "on" : "off",
+					   outbox_max_attempts,
+					   outbox_poison_policy == OUTBOX_POISON_BLOCK ? "block" : "skip",
+					   outbox_kafka_config[0] ? "(set, not shown)" : "(empty)")));
 
 	while (!ShutdownRequestPending)
 	{
@@ -457,27 +755,30 @@ OutboxRelayMain(Datum main_arg)
 			continue;
 		}
 
-		result = publish_page();
-		switch (result)
+		if (OutboxSlotTakeReplayPending(relay_slot))
 		{
-			case PAGE_ACKED:
-				backoff_ms = 0;
-				/* the batch may have more pages: go on without waiting */
-				break;
-			case PAGE_EMPTY:
-				backoff_ms = 0;
-				set_state(OUTBOX_RELAY_IDLE);
-				drain_producer_errors();
-				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-								 outbox_poll_interval, PG_WAIT_EXTENSION);
-				ResetLatch(MyLatch);
-				break;
-			case PAGE_FAILED:
-				back_off();
-				break;
-			case PAGE_ABANDONED:
-				break;
+			replays_due = true;
+			blocked_stale = true;
 		}
+		if (replays_due)
+		{
+			result = publish_replays();
+			if (result == PAGE_ABANDONED)
+				break;
+			replays_due = false;
+		}
+
+		result = publish_page();
+		if (result == PAGE_EMPTY)
+		{
+			set_state(OUTBOX_RELAY_IDLE);
+			drain_producer_errors();
+			idle_cleanup();
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 outbox_poll_interval, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+		}
+		/* after a settled page the batch may have more: go on at once */
 	}
 
 	set_state(OUTBOX_RELAY_STOPPED);

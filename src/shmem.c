@@ -144,10 +144,11 @@ find_slot_locked(Oid dboid)
 
 /*
  * OutboxWakeRelay
- *		Set the latch of dboid's relay, if one runs.  Called at commit.
+ *		Set the latch of dboid's relay, if one runs.  Called at commit;
+ *		replay says the commit queued replays for it.
  */
 void
-OutboxWakeRelay(Oid dboid)
+OutboxWakeRelay(Oid dboid, bool replay)
 {
 	OutboxSlot *slot;
 
@@ -161,6 +162,8 @@ OutboxWakeRelay(Oid dboid)
 
 		SpinLockAcquire(&slot->mutex);
 		latch = slot->latch;
+		if (replay)
+			slot->replay_pending = true;
 		SpinLockRelease(&slot->mutex);
 		if (latch != NULL)
 			SetLatch(latch);
@@ -433,5 +436,33 @@ OutboxSlotMarkNoExtension(OutboxSlot *slot)
 {
 	SpinLockAcquire(&slot->mutex);
 	slot->no_extension = true;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotTakeReplayPending
+ *		Relay: whether replays were queued since the last call.
+ */
+bool
+OutboxSlotTakeReplayPending(OutboxSlot *slot)
+{
+	bool		pending;
+
+	SpinLockAcquire(&slot->mutex);
+	pending = slot->replay_pending;
+	slot->replay_pending = false;
+	SpinLockRelease(&slot->mutex);
+	return pending;
+}
+
+/*
+ * OutboxSlotCountFailure
+ *		Relay: one event's delivery failed with an error of class c.
+ */
+void
+OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->failures[c]++;
 	SpinLockRelease(&slot->mutex);
 }

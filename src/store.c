@@ -41,12 +41,17 @@
 	"SELECT pg_catalog.max(e.id), pg_catalog.count(*) FROM outbox.events e" \
 	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
 
-#define PAGE_SQL(prev) \
-	"SELECT e.id, e.event_id::text, e.aggregate_type, e.aggregate_id, e.seq," \
+/* the columns decode_event() reads, in its order */
+#define EVENT_COLUMNS \
+	"e.id, e.event_id::text, e.aggregate_type, e.aggregate_id, e.seq," \
 	" e.event_type, e.schema_version, e.topic, e.key, e.payload::text, e.headers," \
 	" e.tenant, e.traceparent," \
 	" pg_catalog.to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')," \
-	" e.created_at" \
+	" e.created_at"
+#define EVENT_NCOLUMNS 15
+
+#define PAGE_SQL(prev) \
+	"SELECT " EVENT_COLUMNS \
 	" FROM outbox.events e" \
 	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND e.id OPERATOR(pg_catalog.<=) $4 AND" BATCH_OF(prev) \
 	" ORDER BY e.id LIMIT $5"
@@ -269,6 +274,40 @@ decode_headers(OutboxEvent *ev, Jsonb *jb)
 }
 
 /*
+ * decode_event
+ *		Copy one row of EVENT_COLUMNS into *ev, allocating in cxt.
+ */
+static void
+decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev, MemoryContext cxt)
+{
+	bool		isnull;
+	Datum		d;
+
+	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	ev->event_id = getstr(tup, desc, 2, cxt);
+	ev->aggregate_type = getstr(tup, desc, 3, cxt);
+	ev->aggregate_id = getstr(tup, desc, 4, cxt);
+	d = SPI_getbinval(tup, desc, 5, &isnull);
+	ev->has_seq = !isnull;
+	ev->seq = isnull ? 0 : DatumGetInt64(d);
+	ev->event_type = getstr(tup, desc, 6, cxt);
+	ev->schema_version = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
+	ev->topic = getstr(tup, desc, 8, cxt);
+	ev->key = getstr(tup, desc, 9, cxt);
+	ev->payload = getstr(tup, desc, 10, cxt);
+	ev->payload_len = strlen(ev->payload);
+	d = SPI_getbinval(tup, desc, 11, &isnull);
+	if (!isnull)
+		decode_headers(ev, DatumGetJsonbP(d));
+	ev->tenant = getstr(tup, desc, 12, cxt);
+	ev->traceparent = getstr(tup, desc, 13, cxt);
+	ev->occurred_at = getstr(tup, desc, 14, cxt);
+	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 15, &isnull));
+	ev->disposition = OUTBOX_EVENT_PENDING;
+	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
+}
+
+/*
  * OutboxStoreReadPage
  *		The next up to limit events of the open batch, in id order, copied
  *		into cxt.  Returns how many.
@@ -298,34 +337,7 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
 	old = MemoryContextSwitchTo(cxt);
 	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
 	for (i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		OutboxEvent *ev = &evs[i];
-		bool		isnull;
-		Datum		d;
-
-		ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		ev->event_id = getstr(tup, desc, 2, cxt);
-		ev->aggregate_type = getstr(tup, desc, 3, cxt);
-		ev->aggregate_id = getstr(tup, desc, 4, cxt);
-		d = SPI_getbinval(tup, desc, 5, &isnull);
-		ev->has_seq = !isnull;
-		ev->seq = isnull ? 0 : DatumGetInt64(d);
-		ev->event_type = getstr(tup, desc, 6, cxt);
-		ev->schema_version = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
-		ev->topic = getstr(tup, desc, 8, cxt);
-		ev->key = getstr(tup, desc, 9, cxt);
-		ev->payload = getstr(tup, desc, 10, cxt);
-		ev->payload_len = strlen(ev->payload);
-		d = SPI_getbinval(tup, desc, 11, &isnull);
-		if (!isnull)
-			decode_headers(ev, DatumGetJsonbP(d));
-		ev->tenant = getstr(tup, desc, 12, cxt);
-		ev->traceparent = getstr(tup, desc, 13, cxt);
-		ev->occurred_at = getstr(tup, desc, 14, cxt);
-		ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 15, &isnull));
-	}
+		decode_event(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &evs[i], cxt);
 	MemoryContextSwitchTo(old);
 	*events = evs;
 	rc = (int) SPI_processed;
@@ -369,4 +381,283 @@ OutboxStoreSavePage(OutboxBatch *batch, int64 last_id, int count, bool batch_don
 	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "could not save relay progress: %s", SPI_result_code_string(rc));
 	SPI_finish();
+}
+
+static const char *
+class_name(OutboxErrorClass c)
+{
+	switch (c)
+	{
+		case OUTBOX_ERROR_TRANSIENT:
+			return "transient";
+		case OUTBOX_ERROR_PERMANENT:
+			return "permanent";
+		case OUTBOX_ERROR_FATAL:
+			return "fatal";
+		default:
+			return NULL;
+	}
+}
+
+/*
+ * OutboxStoreRecordDeadLetters
+ *		Record the quarantined and parked events of a page (with a copy of
+ *		each envelope); parked events whose head is being replayed join the
+ *		replay queue.  Runs in the transaction that saves the page.
+ */
+void
+OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
+{
+	static SPIPlanPtr insert_plan = NULL;
+	static SPIPlanPtr queue_plan = NULL;
+	int			i;
+
+	SPI_connect();
+	if (insert_plan == NULL)
+	{
+		Oid			types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID,
+		INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+
+		insert_plan = SPI_prepare(
+								  "INSERT INTO outbox.dead_letters AS d (event_id, event_pk, aggregate_type,"
+								  " aggregate_id, seq, event_type, topic, state, blocked_by, error_class,"
+								  " last_error, attempts, first_failed_at, last_failed_at, envelope)"
+								  " SELECT e.event_id, e.id, e.aggregate_type, e.aggregate_id, e.seq,"
+								  " e.event_type, e.topic, $2, $3::uuid, $4, $5, $6, $7, $8, pg_catalog.to_jsonb(e)"
+								  " FROM outbox.events e WHERE e.id OPERATOR(pg_catalog.=) $1"
+								  " ON CONFLICT (event_id) DO UPDATE SET state = excluded.state,"
+								  " blocked_by = excluded.blocked_by,"
+								  " error_class = COALESCE(excluded.error_class, d.error_class),"
+								  " last_error = COALESCE(excluded.last_error, d.last_error),"
+								  " attempts = d.attempts OPERATOR(pg_catalog.+) excluded.attempts,"
+								  " last_failed_at = COALESCE(excluded.last_failed_at, d.last_failed_at),"
+								  " quarantined_at = pg_catalog.now(), resolved_at = NULL",
+								  8, types);
+		if (insert_plan == NULL)
+			elog(ERROR, "could not prepare dead letter insert: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(insert_plan);
+	}
+	if (queue_plan == NULL)
+	{
+		Oid			types[1] = {INT8OID};
+
+		queue_plan = SPI_prepare("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
+								 " VALUES ($1, true)", 1, types);
+		if (queue_plan == NULL)
+			elog(ERROR, "could not prepare replay queue insert: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(queue_plan);
+	}
+
+	for (i = 0; i < n; i++)
+	{
+		OutboxEvent *ev = &events[i];
+		Datum		values[8];
+		char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+		const char *state;
+		const char *cls = class_name(ev->last_class);
+
+		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
+			state = "quarantined";
+		else if (ev->disposition == OUTBOX_EVENT_PARKED)
+			state = ev->requeue ? "replaying" : "parked";
+		else
+			continue;
+
+		values[0] = Int64GetDatum(ev->id);
+		values[1] = CStringGetTextDatum(state);
+		if (ev->blocked_by != NULL)
+			values[2] = CStringGetTextDatum(ev->blocked_by);
+		else
+			nulls[2] = 'n';
+		if (cls != NULL && ev->attempts > 0)
+		{
+			values[3] = CStringGetTextDatum(cls);
+			values[4] = CStringGetTextDatum(OutboxDeliveryErrorName(ev->last_err));
+			values[6] = TimestampTzGetDatum(ev->first_failed_at);
+			values[7] = TimestampTzGetDatum(ev->last_failed_at);
+		}
+		else
+			nulls[3] = nulls[4] = nulls[6] = nulls[7] = 'n';
+		values[5] = Int32GetDatum(ev->attempts);
+
+		if (SPI_execute_plan(insert_plan, values, nulls, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not record dead letter for event %s", ev->event_id);
+		if (ev->requeue)
+		{
+			if (SPI_execute_plan(queue_plan, values, NULL, false, 0) != SPI_OK_INSERT)
+				elog(ERROR, "could not queue parked event %s", ev->event_id);
+		}
+	}
+	SPI_finish();
+}
+
+/*
+ * OutboxStoreLoadBlocked
+ *		The aggregates whose events must wait: those with a quarantined,
+ *		parked or replaying dead letter.  The head is the earliest.
+ */
+List *
+OutboxStoreLoadBlocked(MemoryContext cxt)
+{
+	List	   *result = NIL;
+	uint64		i;
+	int			rc;
+
+	SPI_connect();
+	rc = SPI_execute("SELECT DISTINCT ON (aggregate_type, aggregate_id)"
+					 " aggregate_type, aggregate_id,"
+					 " COALESCE(blocked_by, event_id)::text,"
+					 " state OPERATOR(pg_catalog.=) 'replaying'"
+					 " FROM outbox.dead_letters"
+					 " WHERE state IN ('quarantined', 'parked', 'replaying')"
+					 " ORDER BY aggregate_type, aggregate_id, event_pk",
+					 true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read dead letters: %s", SPI_result_code_string(rc));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+		OutboxBlocked *b = palloc(sizeof(OutboxBlocked));
+		bool		isnull;
+
+		b->aggregate_type = getstr(tup, desc, 1, cxt);
+		b->aggregate_id = getstr(tup, desc, 2, cxt);
+		b->head = getstr(tup, desc, 3, cxt);
+		b->replaying = DatumGetBool(SPI_getbinval(tup, desc, 4, &isnull));
+		result = lappend(result, b);
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	return result;
+}
+
+/*
+ * OutboxStoreReadReplays
+ *		The next up to limit queued replays, in queue order.
+ */
+int
+OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
+{
+	Datum		values[1];
+	Oid			types[1] = {INT4OID};
+	int			rc;
+	uint64		i;
+	OutboxEvent *evs;
+	MemoryContext old;
+
+	SPI_connect();
+	values[0] = Int32GetDatum(limit);
+	rc = SPI_execute_with_args("SELECT " EVENT_COLUMNS ", q.position, q.dead_letter"
+							   " FROM outbox.replay_queue q"
+							   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
+							   " ORDER BY q.position LIMIT $1",
+							   1, types, values, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read the replay queue: %s", SPI_result_code_string(rc));
+	old = MemoryContextSwitchTo(cxt);
+	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		decode_event(tup, desc, &evs[i], cxt);
+		evs[i].queue_position = DatumGetInt64(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 1, &isnull));
+		evs[i].dead_letter = DatumGetBool(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 2, &isnull));
+	}
+	MemoryContextSwitchTo(old);
+	*events = evs;
+	rc = (int) SPI_processed;
+	SPI_finish();
+	return rc;
+}
+
+/*
+ * OutboxStoreFinishReplays
+ *		A replay page is settled: delivered events leave the queue (dead
+ *		letters among them are resolved); an event refused again is
+ *		quarantined again, and its aggregate's queued successors go back to
+ *		waiting behind it.
+ */
+void
+OutboxStoreFinishReplays(OutboxEvent *events, int n)
+{
+	int			i;
+
+	SPI_connect();
+	for (i = 0; i < n; i++)
+	{
+		OutboxEvent *ev = &events[i];
+		Datum		values[3];
+		Oid			types[3] = {INT8OID, INT8OID, TEXTOID};
+		int			rc;
+
+		values[0] = Int64GetDatum(ev->queue_position);
+		values[1] = Int64GetDatum(ev->id);
+		if (ev->disposition == OUTBOX_EVENT_DELIVERED)
+		{
+			rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue"
+									   " WHERE position OPERATOR(pg_catalog.=) $1 RETURNING event_pk, dead_letter)"
+									   " UPDATE outbox.dead_letters d SET state = 'replayed', resolved_at = pg_catalog.now()"
+									   " FROM gone WHERE gone.dead_letter AND d.event_pk OPERATOR(pg_catalog.=) gone.event_pk"
+									   " AND d.state IN ('replaying', 'quarantined')",
+									   2, types, values, NULL, false, 0);
+			if (rc != SPI_OK_UPDATE)
+				elog(ERROR, "could not settle replay: %s", SPI_result_code_string(rc));
+		}
+		else if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
+		{
+			values[2] = CStringGetTextDatum(ev->event_id);
+			/* its queued successors wait behind it again */
+			rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue q USING outbox.events e"
+									   " WHERE e.id OPERATOR(pg_catalog.=) q.event_pk AND q.dead_letter"
+									   " AND q.position OPERATOR(pg_catalog.>) $1"
+									   " AND (e.aggregate_type, e.aggregate_id) = (SELECT aggregate_type, aggregate_id"
+									   "  FROM outbox.events WHERE id OPERATOR(pg_catalog.=) $2)"
+									   " RETURNING q.event_pk)"
+									   " UPDATE outbox.dead_letters d SET state = 'parked', blocked_by = $3::uuid"
+									   " FROM gone WHERE d.event_pk OPERATOR(pg_catalog.=) gone.event_pk",
+									   3, types, values, NULL, false, 0);
+			if (rc != SPI_OK_UPDATE)
+				elog(ERROR, "could not park behind a replay: %s", SPI_result_code_string(rc));
+			rc = SPI_execute_with_args("DELETE FROM outbox.replay_queue WHERE position OPERATOR(pg_catalog.=) $1",
+									   1, types, values, NULL, false, 0);
+			if (rc != SPI_OK_DELETE)
+				elog(ERROR, "could not dequeue a replay: %s", SPI_result_code_string(rc));
+		}
+	}
+	SPI_finish();
+	/* the quarantined ones are (re)recorded the usual way */
+	OutboxStoreRecordDeadLetters(events, n);
+}
+
+/*
+ * OutboxStoreCleanup
+ *		Delete up to max_events published events older than the retention;
+ *		returns how many went.
+ */
+int64
+OutboxStoreCleanup(int max_events)
+{
+	Datum		values[1];
+	Oid			types[1] = {INT4OID};
+	bool		isnull;
+	int64		deleted = 0;
+	int			rc;
+
+	SPI_connect();
+	values[0] = Int32GetDatum(max_events);
+	rc = SPI_execute_with_args("SELECT events FROM outbox.cleanup(false, $1)",
+							   1, types, values, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not clean up: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return deleted;
 }
