@@ -155,4 +155,7 @@ RELEASE SAVEPOINT s;
 COMMIT;
 
 -- publishing needs the preload; this server has none, and says so
-SELECT t.err($$SELECT * FROM outbox.relay_status()$$);
+SELECT t.err($$SELECT * FROM outbox.status()$$);
+SELECT * FROM outbox.health();
+SELECT t.err($$SELECT outbox.metrics()$$);
+SELECT t.err($$SELECT * FROM outbox.health('0 s')$$);

@@ -196,21 +196,65 @@ REVOKE ALL ON ALL TABLES IN SCHEMA outbox FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.capture() FROM PUBLIC;
 
-CREATE FUNCTION outbox.relay_status(
-	OUT state			text,
-	OUT pid				integer,
-	OUT published		bigint,
-	OUT pages			bigint,
-	OUT delivery_errors	bigint,
-	OUT last_delivery	timestamptz,
-	OUT last_error		text,
-	OUT last_error_at	timestamptz)
+/*
+ * Monitoring.  Figures come from shared memory and the dead-letter table,
+ * never from a scan of the log; none shows an event's payload.  They run as
+ * the extension owner so a monitoring role needs only EXECUTE.
+ */
+CREATE FUNCTION outbox.status(
+	OUT relay					text,
+	OUT state					text,
+	OUT pid						integer,
+	OUT brokers					text,
+	OUT brokers_up				integer,
+	OUT backlog					bigint,
+	OUT oldest_pending_seconds	double precision,
+	OUT published				bigint,
+	OUT published_bytes			bigint,
+	OUT published_last_minute	bigint,
+	OUT bytes_last_minute		bigint,
+	OUT quarantined				bigint,
+	OUT parked					bigint,
+	OUT retries					bigint,
+	OUT transient_failures		bigint,
+	OUT permanent_failures		bigint,
+	OUT fatal_failures			bigint,
+	OUT last_error				text,
+	OUT last_error_at			timestamptz,
+	OUT last_delivery_at		timestamptz,
+	OUT latency_p50_ms			double precision,
+	OUT latency_p95_ms			double precision,
+	OUT latency_p99_ms			double precision,
+	OUT page_size				integer,
+	OUT started_at				timestamptz)
 RETURNS record
-AS 'MODULE_PATHNAME', 'outbox_relay_status'
-LANGUAGE C VOLATILE STRICT;
-COMMENT ON FUNCTION outbox.relay_status() IS
-	'State and counters of this database''s relay, from shared memory (needs shared_preload_libraries)';
-REVOKE ALL ON FUNCTION outbox.relay_status() FROM PUBLIC;
+AS 'MODULE_PATHNAME', 'outbox_status'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER;
+COMMENT ON FUNCTION outbox.status() IS
+	'State, backlog, age, throughput, errors and publish latency of this database''s relay';
+
+CREATE VIEW outbox.status AS SELECT * FROM outbox.status();
+COMMENT ON VIEW outbox.status IS 'outbox.status() as a view';
+
+CREATE FUNCTION outbox.metrics()
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_metrics'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER;
+COMMENT ON FUNCTION outbox.metrics() IS
+	'The relay''s figures in Prometheus text exposition format';
+
+CREATE FUNCTION outbox.health(max_age interval DEFAULT '1 min',
+							  OUT status text, OUT reason text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'outbox_health'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER;
+COMMENT ON FUNCTION outbox.health(interval) IS
+	'ok, warning or critical, judged by the oldest undelivered event''s age and the relay''s state';
+
+REVOKE ALL ON FUNCTION outbox.status() FROM PUBLIC;
+REVOKE ALL ON outbox.status FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.health(interval) FROM PUBLIC;
 
 CREATE FUNCTION outbox.notify_relay()
 RETURNS void

@@ -52,3 +52,24 @@ REVOKE ALL ON SCHEMA outbox FROM outbox_writer, outbox_reader;
 REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) FROM outbox_writer;
 REVOKE ALL ON outbox.events FROM outbox_reader;
 DROP ROLE outbox_nobody, outbox_writer, outbox_reader;
+
+-- a monitoring role sees health and status, never payloads
+CREATE ROLE outbox_monitor;
+GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) TO outbox_monitor;
+GRANT SELECT ON outbox.status TO outbox_monitor;
+SET ROLE outbox_monitor;
+SELECT * FROM outbox.health();
+SELECT t.err($$SELECT payload FROM outbox.events$$);
+SELECT t.err($$SELECT envelope FROM outbox.dead_letters$$);
+RESET ROLE;
+REVOKE ALL ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) FROM outbox_monitor;
+REVOKE ALL ON outbox.status FROM outbox_monitor;
+REVOKE ALL ON SCHEMA outbox FROM outbox_monitor;
+DROP ROLE outbox_monitor;
+-- without the grants, PUBLIC cannot call them
+CREATE ROLE outbox_stranger;
+SET ROLE outbox_stranger;
+SELECT t.err($$SELECT * FROM outbox.health()$$);
+RESET ROLE;
+DROP ROLE outbox_stranger;

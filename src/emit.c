@@ -70,6 +70,7 @@ static SPIPlanPtr emit_plan_noseq = NULL;
 /* set by emit(), consumed by the transaction callback */
 static bool wake_at_commit = false;
 static bool replay_at_commit = false;
+static int	events_this_xact = 0;
 
 /* last UUIDv7 timestamp of this backend, in 1/4096 ms since 1970 */
 static int64 uuid_last_tick = 0;
@@ -94,14 +95,16 @@ emit_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_at_commit || replay_at_commit)
-				OutboxWakeRelay(MyDatabaseId, replay_at_commit);
+				OutboxWakeRelay(MyDatabaseId, replay_at_commit, events_this_xact);
 			wake_at_commit = replay_at_commit = false;
+			events_this_xact = 0;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			/* a prepared transaction is found by the relay's safety poll */
 			wake_at_commit = replay_at_commit = false;
+			events_this_xact = 0;
 			break;
 		default:
 			break;
@@ -497,6 +500,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	wake_at_commit = true;
+	events_this_xact++;
 
 	PG_RETURN_UUID_P(event_id);
 }

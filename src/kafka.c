@@ -34,6 +34,7 @@ struct OutboxProducer
 	int			pending;		/* produced, delivery report not yet served */
 	char		error[256];		/* last error/log line worth reporting */
 	int			error_count;	/* errors since the relay last took one */
+	int			brokers_up;		/* from the last statistics, -1 unknown */
 };
 
 /* properties outbox owns; setting them in outbox.kafka_config is refused */
@@ -161,6 +162,45 @@ log_report(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 }
 
 /*
+ * stats_report
+ *		Served by rd_kafka_poll: count the brokers librdkafka has a working
+ *		connection to.  Each broker object of the statistics JSON has
+ *		"nodeid" (-1 for a bootstrap entry) before its "state"; nothing else
+ *		has a "nodeid".
+ */
+static int
+stats_report(rd_kafka_t *rk, char *json, size_t len, void *opaque)
+{
+	OutboxProducer *producer = (OutboxProducer *) opaque;
+	const char *p = json;
+	int			up = 0;
+
+	while ((p = strstr(p, "\"nodeid\":")) != NULL)
+	{
+		int			nodeid = atoi(p + strlen("\"nodeid\":"));
+		const char *state = strstr(p, "\"state\":\"");
+
+		p += strlen("\"nodeid\":");
+		if (state == NULL)
+			break;
+		if (nodeid >= 0 && strncmp(state + strlen("\"state\":\""), "UP\"", 3) == 0)
+			up++;
+	}
+	producer->brokers_up = up;
+	return 0;					/* librdkafka frees json */
+}
+
+/*
+ * OutboxProducerBrokersUp
+ *		Brokers reachable at the last statistics (every 5 s), -1 if none yet.
+ */
+int
+OutboxProducerBrokersUp(OutboxProducer *producer)
+{
+	return producer->brokers_up;
+}
+
+/*
  * OutboxProducerCreate
  *		Build an idempotent producer for brokers with the extra properties
  *		conf.  Returns NULL and a message in *errmsg on failure.  The result
@@ -184,6 +224,7 @@ OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
 		{"partitioner", "murmur2_random"},
 		{"log.queue", "true"},
 		{"client.id", "outbox-relay"},
+		{"statistics.interval.ms", "5000"},
 	};
 
 	for (i = 0; i < lengthof(defaults); i++)
@@ -225,6 +266,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
 	rd_kafka_conf_set_error_cb(conf, error_report);
 	rd_kafka_conf_set_log_cb(conf, log_report);
+	rd_kafka_conf_set_stats_cb(conf, stats_report);
+	producer->brokers_up = -1;
 
 	producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
 	if (producer->rk == NULL)

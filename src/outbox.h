@@ -92,6 +92,22 @@ typedef enum OutboxRelayState
 	OUTBOX_RELAY_STOPPED
 } OutboxRelayState;
 
+/* publish latency histogram: upper bounds in microseconds, then +Inf */
+#define OUTBOX_LAT_NBUCKETS 19
+extern const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1];
+
+/* the recent window: OUTBOX_WINDOWS periods of OUTBOX_WINDOW_SECS */
+#define OUTBOX_WINDOWS		6
+#define OUTBOX_WINDOW_SECS	10
+
+typedef struct OutboxWindow
+{
+	int64		period;			/* which period this entry holds */
+	uint64		events;
+	uint64		bytes;
+	uint64		latency[OUTBOX_LAT_NBUCKETS];
+} OutboxWindow;
+
 /*
  * One relay's slot.  dboid changes only under the outbox LWLock held
  * exclusively; every other field is read and written under mutex.
@@ -107,19 +123,42 @@ typedef struct OutboxSlot
 	bool		replay_pending; /* a commit queued replays */
 	TimestampTz hold_until;		/* launcher must not start a relay before */
 	TimestampTz started_at;
+
+	/* backlog: the open batch's remainder plus what committed since */
+	uint64		committed_events;	/* added by emitters at commit */
+	uint64		committed_at_open;
+	int64		batch_remaining;
+	TimestampTz oldest_pending; /* created_at of the oldest undelivered, or 0 */
+	int			page_size;		/* events in the page in hand */
+	int			brokers_up;		/* -1: unknown */
+
 	uint64		published;
+	uint64		published_bytes;
 	uint64		pages;
 	uint64		batches;
+	uint64		retries;		/* events sent again after a failure */
 	uint64		delivery_errors;
 	uint64		failures[4];	/* by OutboxErrorClass */
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;
 	char		last_error[256];
+	uint64		latency[OUTBOX_LAT_NBUCKETS];	/* since the relay started */
+	double		latency_sum;	/* seconds */
+	OutboxWindow window[OUTBOX_WINDOWS];
 } OutboxSlot;
+
+/* what a relay adds to its slot after a settled round */
+typedef struct OutboxDeliveryTally
+{
+	uint64		events;
+	uint64		bytes;
+	double		latency_sum;
+	uint64		latency[OUTBOX_LAT_NBUCKETS];
+} OutboxDeliveryTally;
 
 extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
-extern void OutboxWakeRelay(Oid dboid, bool replay);
+extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
 extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
 extern void OutboxRequestProbe(Oid dboid);
 extern bool OutboxLauncherAttach(void);
@@ -133,7 +172,13 @@ extern void OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state);
 extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
 extern bool OutboxSlotIsHeld(OutboxSlot *slot);
 extern void OutboxSlotMarkNoExtension(OutboxSlot *slot);
-extern void OutboxSlotCountPage(OutboxSlot *slot, int events);
+extern void OutboxSlotCountPage(OutboxSlot *slot);
+extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);
+extern void OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally);
+extern void OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
+								 TimestampTz oldest, int page_size);
+extern void OutboxSlotCountRetries(OutboxSlot *slot, int events);
+extern void OutboxSlotSetBrokersUp(OutboxSlot *slot, int up);
 extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
 extern void OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c);
 extern const char *OutboxRelayStateName(OutboxRelayState state);
@@ -198,6 +243,7 @@ extern void OutboxProducerDestroy(OutboxProducer *producer);
 extern int	OutboxProducerEventFd(OutboxProducer *producer);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
 extern int	OutboxProducerServe(OutboxProducer *producer);
+extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
 extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count);

@@ -89,10 +89,23 @@ relay_detach(int code, Datum arg)
 		OutboxSlotDetach(relay_slot);
 }
 
+/*
+ * set_state
+ *		Publish the relay's state; a change of the state name operators see
+ *		(running, paused, backing off, not configured) gets one LOG line.
+ */
 static void
 set_state(OutboxRelayState state)
 {
+	static const char *logged = NULL;
+	const char *name = OutboxRelayStateName(state);
+
 	OutboxSlotSetState(relay_slot, state);
+	if (logged != NULL && strcmp(logged, name) != 0 && state != OUTBOX_RELAY_STOPPED)
+		ereport(LOG,
+				(errmsg("outbox relay for database \"%s\" is now %s (was %s)",
+						relay_dbname, name, logged)));
+	logged = name;
 }
 
 static void
@@ -443,7 +456,9 @@ deliver(OutboxEvent *events, int n, bool replay)
 	{
 		int			i;
 		int			sent = 0;
+		int			retried = 0;
 		int			failed = 0;
+		OutboxDeliveryTally tally;
 		int			first_err = 0;
 		bool		any_refused = false;
 		bool		rebuild = false;
@@ -453,7 +468,9 @@ deliver(OutboxEvent *events, int n, bool replay)
 			if (events[i].disposition == OUTBOX_EVENT_PENDING && events[i].attempts > 0)
 				any_refused = true;
 
-		set_state(OUTBOX_RELAY_PUBLISHING);
+		/* a resend after a failure is still part of backing off */
+		if (backoff_ms == 0)
+			set_state(OUTBOX_RELAY_PUBLISHING);
 		for (i = 0; i < n; i++)
 		{
 			if (events[i].disposition != OUTBOX_EVENT_PENDING ||
@@ -461,6 +478,8 @@ deliver(OutboxEvent *events, int n, bool replay)
 				continue;
 			OutboxProducerSend(producer, &events[i]);
 			sent++;
+			if (events[i].first_failed_at != 0)
+				retried++;
 			if (refused_now(&events[i]))
 				any_refused = true;
 		}
@@ -472,7 +491,11 @@ deliver(OutboxEvent *events, int n, bool replay)
 			return PAGE_ABANDONED;
 		pgstat_report_activity(STATE_IDLE, NULL);
 		drain_producer_errors();
+		OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
+		if (retried > 0)
+			OutboxSlotCountRetries(relay_slot, retried);
 
+		memset(&tally, 0, sizeof(tally));
 		for (i = 0; i < n; i++)
 		{
 			OutboxEvent *ev = &events[i];
@@ -484,6 +507,10 @@ deliver(OutboxEvent *events, int n, bool replay)
 			if (ev->delivery_err == 0)
 			{
 				ev->disposition = OUTBOX_EVENT_DELIVERED;
+				/* a replay's age is no publish latency */
+				OutboxTallyAdd(&tally, replay ? -1 :
+							   GetCurrentTimestamp() - ev->created_at,
+							   ev->payload_len);
 				continue;
 			}
 			if (failed++ == 0)
@@ -503,6 +530,13 @@ deliver(OutboxEvent *events, int n, bool replay)
 				quarantine(events, n, i, replay);
 		}
 
+		if (replay)
+		{
+			/* replays count as published, but not in the latency histogram */
+			tally.latency_sum = 0;
+			memset(tally.latency, 0, sizeof(tally.latency));
+		}
+		OutboxSlotCountDelivered(relay_slot, &tally);
 		if (failed == 0)
 		{
 			backoff_ms = 0;
@@ -548,6 +582,7 @@ publish_page(void)
 	int			delivered = 0;
 	bool		done;
 	bool		has_dead = false;
+	bool		opened = false;
 	PageResult	result;
 
 	MemoryContextReset(page_cxt);
@@ -562,12 +597,16 @@ publish_page(void)
 		if (!OutboxStoreOpenBatch(&batch, relay_cxt))
 		{
 			end_txn();
+			OutboxSlotSetBacklog(relay_slot, true, 0, 0, 0);
 			return PAGE_EMPTY;
 		}
 		batch_open = true;
+		opened = true;
 	}
 	n = OutboxStoreReadPage(&batch, outbox_batch_size, &events, page_cxt);
 	end_txn();
+	OutboxSlotSetBacklog(relay_slot, opened, batch.remaining,
+						 n > 0 ? events[0].created_at : 0, n);
 
 	/* events of a blocked aggregate wait behind its quarantined head */
 	for (i = 0; i < n; i++)
@@ -604,7 +643,9 @@ publish_page(void)
 	OutboxStoreSavePage(&batch, n > 0 ? events[n - 1].id : batch.last_id, delivered, done);
 	end_txn();
 
-	OutboxSlotCountPage(relay_slot, delivered);
+	OutboxSlotCountPage(relay_slot);
+	batch.remaining -= n;
+	OutboxSlotSetBacklog(relay_slot, false, batch.remaining, done ? 0 : -1, 0);
 	if (done)
 	{
 		if (batch.prev != NULL)
@@ -653,7 +694,7 @@ publish_replays(void)
 		for (i = 0; i < n; i++)
 			if (events[i].disposition == OUTBOX_EVENT_DELIVERED)
 				delivered++;
-		OutboxSlotCountPage(relay_slot, delivered);
+		OutboxSlotCountPage(relay_slot);
 		ereport(LOG,
 				(errmsg("outbox relay replayed %d of %d queued events", delivered, n)));
 	}
@@ -681,6 +722,42 @@ idle_cleanup(void)
 	if (deleted > 0)
 		ereport(DEBUG1,
 				(errmsg_internal("outbox relay deleted " INT64_FORMAT " events past retention", deleted)));
+}
+
+/*
+ * idle_wait
+ *		Sleep until a commit or signal sets the latch or the safety poll is
+ *		due.  librdkafka's statistics and errors arriving meanwhile are
+ *		served without ending the wait: they run no query.
+ */
+static void
+idle_wait(void)
+{
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													outbox_poll_interval);
+
+	for (;;)
+	{
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		int			rc;
+
+		if (left <= 0)
+			break;
+		rc = WaitLatchOrSocket(MyLatch,
+							   WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
+							   WL_EXIT_ON_PM_DEATH,
+							   OutboxProducerEventFd(producer), left,
+							   PG_WAIT_EXTENSION);
+		if (rc & WL_SOCKET_READABLE)
+		{
+			(void) OutboxProducerServe(producer);
+			drain_producer_errors();
+			OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
+		}
+		if (rc & (WL_LATCH_SET | WL_TIMEOUT))
+			break;
+	}
+	ResetLatch(MyLatch);
 }
 
 /*
@@ -774,9 +851,7 @@ OutboxRelayMain(Datum main_arg)
 			set_state(OUTBOX_RELAY_IDLE);
 			drain_producer_errors();
 			idle_cleanup();
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 outbox_poll_interval, PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
+			idle_wait();
 		}
 		/* after a settled page the batch may have more: go on at once */
 	}

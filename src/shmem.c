@@ -148,7 +148,7 @@ find_slot_locked(Oid dboid)
  *		replay says the commit queued replays for it.
  */
 void
-OutboxWakeRelay(Oid dboid, bool replay)
+OutboxWakeRelay(Oid dboid, bool replay, int events)
 {
 	OutboxSlot *slot;
 
@@ -164,6 +164,7 @@ OutboxWakeRelay(Oid dboid, bool replay)
 		latch = slot->latch;
 		if (replay)
 			slot->replay_pending = true;
+		slot->committed_events += events;
 		SpinLockRelease(&slot->mutex);
 		if (latch != NULL)
 			SetLatch(latch);
@@ -319,6 +320,10 @@ OutboxSlotAttach(Oid dboid)
 	slot->state = OUTBOX_RELAY_STARTING;
 	slot->no_extension = false;
 	slot->started_at = now;
+	slot->brokers_up = -1;
+	slot->batch_remaining = 0;
+	slot->committed_at_open = slot->committed_events;
+	slot->oldest_pending = 0;
 	SpinLockRelease(&slot->mutex);
 	return slot;
 }
@@ -396,17 +401,107 @@ OutboxSlotIsHeld(OutboxSlot *slot)
 
 /*
  * OutboxSlotCountPage
- *		Relay: a page of events was acknowledged.
+ *		Relay: a page was settled and recorded.
  */
 void
-OutboxSlotCountPage(OutboxSlot *slot, int events)
+OutboxSlotCountPage(OutboxSlot *slot)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->pages++;
+	SpinLockRelease(&slot->mutex);
+}
+
+const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
+	100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
+	250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000
+};
+
+/*
+ * OutboxTallyAdd
+ *		Relay, in local memory: one event delivered after latency_us.
+ */
+void
+OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes)
+{
+	int			b = 0;
+
+	while (b < OUTBOX_LAT_NBUCKETS - 1 && latency_us > OutboxLatencyBounds[b])
+		b++;
+	tally->latency[b]++;
+	tally->latency_sum += (double) Max(latency_us, 0) / 1000000.0;
+	tally->events++;
+	tally->bytes += bytes;
+}
+
+/*
+ * OutboxSlotCountDelivered
+ *		Relay: add a round's deliveries to the totals and the recent window.
+ */
+void
+OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
+	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
+	int			b;
 
+	if (tally->events == 0)
+		return;
 	SpinLockAcquire(&slot->mutex);
-	slot->published += events;
-	slot->pages++;
+	if (w->period != period)
+	{
+		memset(w, 0, sizeof(OutboxWindow));
+		w->period = period;
+	}
+	for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
+	{
+		slot->latency[b] += tally->latency[b];
+		w->latency[b] += tally->latency[b];
+	}
+	slot->latency_sum += tally->latency_sum;
+	slot->published += tally->events;
+	slot->published_bytes += tally->bytes;
+	w->events += tally->events;
+	w->bytes += tally->bytes;
 	slot->last_delivery = now;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotSetBacklog
+ *		Relay: where it stands.  remaining: events of the open batch not yet
+ *		settled; batch_opened: the batch was just opened (or found empty), so
+ *		from now on the backlog is remaining plus what commits later.
+ *		oldest: created_at of the oldest event not yet delivered, 0 when
+ *		none, -1 to keep the last one.
+ */
+void
+OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
+					 TimestampTz oldest, int page_size)
+{
+	SpinLockAcquire(&slot->mutex);
+	if (batch_opened)
+		slot->committed_at_open = slot->committed_events;
+	slot->batch_remaining = Max(remaining, 0);
+	if (oldest >= 0)
+		slot->oldest_pending = oldest;
+	slot->page_size = page_size;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+OutboxSlotCountRetries(OutboxSlot *slot, int events)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->retries += events;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+OutboxSlotSetBrokersUp(OutboxSlot *slot, int up)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->brokers_up = up;
 	SpinLockRelease(&slot->mutex);
 }
 
