@@ -1,0 +1,435 @@
+"""test/bench/bench.py: the outbox benchmark suite (run through run-bench).
+
+Every figure is measured in this run, on this machine, against the baseline
+it is compared with:
+
+  emit cost   pgbench, 8 clients: UPDATE a business row + outbox.emit() vs the
+              same UPDATE + a plain INSERT into a table with the same columns
+              and indexes (the hand-made, Debezium-style outbox)
+  drain       a backlog of events (200-byte payloads, 10,000 aggregates)
+              published to the 3-broker test cluster, vs the hand-written
+              polling publisher (test/bench/baseline_relay.c: SELECT ... FOR
+              UPDATE SKIP LOCKED LIMIT n, idempotent producer, wait for acks,
+              UPDATE ... SET published_at) at its best batch size
+  latency     commit to delivery as a kcat consumer sees it, at 100 events/s
+              and at half the drain rate, vs the baseline polling every 100 ms
+  idle        queries, WAL and CPU of the relay over an idle minute
+  held xmin   drain rate while another session holds a transaction open
+"""
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psycopg2
+
+QUICK = "--quick" in sys.argv
+SMOKE = "--smoke" in sys.argv      # checks the script itself, in a minute
+BACKLOG = 20_000 if SMOKE else 200_000 if QUICK else 1_000_000
+HELD_BACKLOG = 10_000 if SMOKE else 100_000 if QUICK else 200_000
+AGGREGATES = 10_000
+EMIT_SECS = 2 if SMOKE else 8 if QUICK else 20
+LAT_SECS = 4 if SMOKE else 10 if QUICK else 20
+IDLE_SECS = 5 if SMOKE else 20 if QUICK else 60
+BASELINE_BATCHES = [1000] if SMOKE else [1000, 5000] if QUICK else [500, 2000, 10000]
+PAD = "x" * 120            # with the other fields, about 200 bytes of JSON
+
+BINDIR = subprocess.check_output(["pg_config", "--bindir"], text=True).strip()
+ROOT = os.getcwd()
+PG = pwd.getpwnam("postgres")
+
+
+def as_postgres():
+    os.setgid(PG.pw_gid)
+    os.setuid(PG.pw_uid)
+
+
+def run_pg(args, **kw):
+    return subprocess.run(args, preexec_fn=as_postgres, check=True,
+                          capture_output=True, text=True, **kw)
+
+
+class Server:
+    def __init__(self, brokers):
+        self.dir = tempfile.mkdtemp(prefix="outbox-bench.")
+        os.chown(self.dir, PG.pw_uid, PG.pw_gid)
+        self.port = 5497
+        self.data = os.path.join(self.dir, "data")
+        run_pg([f"{BINDIR}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres"])
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"""
+listen_addresses = ''
+unix_socket_directories = '{self.dir}'
+port = {self.port}
+shared_preload_libraries = 'outbox,pg_stat_statements'
+pg_stat_statements.track = all
+shared_buffers = '1GB'
+max_wal_size = '16GB'
+checkpoint_timeout = '30min'
+max_connections = 50
+outbox.kafka_brokers = '{brokers}'
+outbox.kafka_config = 'reconnect.backoff.max.ms=500'
+outbox.enabled = off
+""")
+        run_pg([f"{BINDIR}/pg_ctl", "-D", self.data, "-l",
+                os.path.join(self.dir, "server.log"), "-w", "start"])
+        run_pg([f"{BINDIR}/createdb", "-h", self.dir, "-p", str(self.port), "-U", "postgres", "bench"])
+        self.dsn = f"host={self.dir} port={self.port} user=postgres dbname=bench"
+
+    def connect(self):
+        c = psycopg2.connect(self.dsn)
+        c.autocommit = True
+        return c
+
+    def stop(self):
+        subprocess.run([f"{BINDIR}/pg_ctl", "-D", self.data, "-m", "fast", "stop"],
+                       preexec_fn=as_postgres, capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Broker:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="outbox-broker.")
+        boot = os.path.join(self.dir, "boot")
+        self.proc = subprocess.Popen([os.path.join(ROOT, "test/broker/outbox_test_broker"),
+                                      "-b", "3", "-f", boot],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.PIPE)
+        for _ in range(100):
+            if os.path.exists(boot) and os.path.getsize(boot) > 0:
+                break
+            time.sleep(0.05)
+        self.bootstrap = open(boot).read().strip()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def q(conn, sql, *args):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def q1(conn, sql, *args):
+    return q(conn, sql, *args)[0][0]
+
+
+def set_conf(conn, setting, value):
+    q(conn, f"ALTER SYSTEM SET {setting} = %s", value)
+    q(conn, "SELECT pg_reload_conf()")
+    time.sleep(0.3)
+
+
+def published(conn):
+    return q1(conn, "SELECT published FROM outbox.relay_progress")
+
+
+def wait_published(conn, target, timeout=1800):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if published(conn) >= target:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"relay did not publish {target} events in {timeout} s")
+
+
+def pgbench(server, script, secs, clients, rate=None):
+    d = tempfile.mkdtemp(prefix="pgb.", dir=server.dir)
+    os.chown(d, PG.pw_uid, PG.pw_gid)
+    path = os.path.join(d, "script.sql")
+    with open(path, "w") as f:
+        f.write(script)
+    args = [f"{BINDIR}/pgbench", "-h", server.dir, "-p", str(server.port), "-U", "postgres",
+            "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(secs),
+            "-l", "--log-prefix", os.path.join(d, "lat"), "-f", path, "bench"]
+    if rate:
+        args[1:1] = ["-R", str(rate)]
+    out = run_pg(args).stdout
+    tps = float(re.search(r"^tps = ([0-9.]+)", out, re.M).group(1))
+    lat = []
+    for name in os.listdir(d):
+        if name.startswith("lat"):
+            with open(os.path.join(d, name)) as f:
+                lat.extend(int(line.split()[2]) for line in f)
+    lat.sort()
+    return tps, pct(lat, 50) / 1000, pct(lat, 99) / 1000
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(len(values) * p / 100))]
+
+
+rows = []
+
+
+def row(section, case, value, unit, ratio="", note=""):
+    rows.append((section, case, value, unit, ratio, note))
+    print(f"  {section:10} {case:52} {value:>12} {unit:8} {ratio:>8} {note}", flush=True)
+
+
+def fmt(x, digits=0):
+    return f"{x:,.{digits}f}"
+
+
+# ---------------------------------------------------------------- emit cost
+
+def bench_emit(server, conn):
+    q(conn, """
+        CREATE SCHEMA IF NOT EXISTS b;
+        CREATE TABLE b.accounts (id int PRIMARY KEY, version bigint NOT NULL DEFAULT 0, filler text);
+        INSERT INTO b.accounts SELECT g, 0, repeat('x', 100) FROM generate_series(1, 10000) g;
+        CREATE TABLE b.plain_outbox (LIKE outbox.events INCLUDING ALL);
+    """)
+    q(conn, "VACUUM ANALYZE b.accounts")
+    payload = json.dumps({"account": 1, "status": "updated", "amount": 12345, "pad": PAD})
+    emit = f"""\\set aid random(1, 10000)
+BEGIN;
+UPDATE b.accounts SET version = version + 1 WHERE id = :aid;
+SELECT outbox.emit('account', :aid::text, 'account.updated', '{payload}');
+END;
+"""
+    plain = f"""\\set aid random(1, 10000)
+BEGIN;
+UPDATE b.accounts SET version = version + 1 WHERE id = :aid;
+INSERT INTO b.plain_outbox (event_id, aggregate_type, aggregate_id, event_type, topic, key, payload, occurred_at)
+  VALUES (gen_random_uuid(), 'account', :aid::text, 'account.updated', 'outbox.event.account', :aid::text, '{payload}', now());
+END;
+"""
+    for seq in ("off", "on"):
+        for relay in ("paused", "draining"):
+            set_conf(conn, "outbox.aggregate_sequence", seq)
+            set_conf(conn, "outbox.enabled", "off" if relay == "paused" else "on")
+            ptps, _, pp99 = pgbench(server, plain, EMIT_SECS, 8)
+            etps, _, ep99 = pgbench(server, emit, EMIT_SECS, 8)
+            label = f"sequence {seq}, relay {relay}"
+            row("emit", f"plain INSERT TPS ({label})", fmt(ptps), "tps")
+            row("emit", f"emit() TPS ({label})", fmt(etps), "tps", f"{etps / ptps:.2f}",
+                f"p99 {ep99:.2f} ms vs {pp99:.2f} ms ({ep99 / pp99:.2f})")
+    set_conf(conn, "outbox.enabled", "off")
+    set_conf(conn, "outbox.aggregate_sequence", "on")
+    q(conn, "DROP SCHEMA b CASCADE")
+
+
+# ------------------------------------------------------------------- drain
+
+def make_backlog(conn, n, agg_type):
+    """n events through emit(), in transactions of 50,000."""
+    done = 0
+    while done < n:
+        k = min(50_000, n - done)
+        q(conn, """SELECT count(outbox.emit(%s, (g %% %s)::text, 'account.updated',
+                          jsonb_build_object('account', g %% %s, 'status', 'updated',
+                                             'amount', g, 'pad', %s)))
+                   FROM generate_series(%s, %s) g""",
+          agg_type, AGGREGATES, AGGREGATES, PAD, done, done + k - 1)
+        done += k
+
+
+def drain_outbox(conn, n):
+    """Publish a backlog of n events; returns events/s."""
+    start_pub = published(conn)
+    t0 = time.time()
+    set_conf(conn, "outbox.enabled", "on")
+    wait_published(conn, start_pub + n)
+    rate = n / (time.time() - t0)
+    set_conf(conn, "outbox.enabled", "off")
+    return rate
+
+
+def bench_drain(server, conn, brokers):
+    make_backlog(conn, BACKLOG, "account")
+    q(conn, "VACUUM ANALYZE outbox.events")
+    ours = drain_outbox(conn, BACKLOG)
+    row("drain", f"outbox relay, {BACKLOG:,} events", fmt(ours), "ev/s")
+
+    # the same events, for the hand-written publisher
+    q(conn, """
+        CREATE SCHEMA bench;
+        CREATE TABLE bench.plain_outbox (LIKE outbox.events INCLUDING DEFAULTS INCLUDING IDENTITY,
+                                         published_at timestamptz);
+        ALTER TABLE bench.plain_outbox ADD PRIMARY KEY (id);
+        CREATE INDEX ON bench.plain_outbox (id) WHERE published_at IS NULL;
+    """)
+    q(conn, """INSERT INTO bench.plain_outbox (event_id, aggregate_type, aggregate_id, seq, event_type,
+                   schema_version, topic, key, payload, occurred_at)
+               SELECT event_id, aggregate_type, aggregate_id, seq, event_type, schema_version,
+                      'bench.baseline', key, payload, occurred_at
+                 FROM outbox.events WHERE aggregate_type = 'account' ORDER BY id""")
+    best = (0, None)
+    for batch in BASELINE_BATCHES:
+        q(conn, "UPDATE bench.plain_outbox SET published_at = NULL")
+        q(conn, "VACUUM ANALYZE bench.plain_outbox")
+        out = subprocess.run([os.path.join(ROOT, "test/bench/baseline_relay"), server.dsn, brokers,
+                              str(batch), "100", "drain"], check=True, capture_output=True,
+                             text=True).stdout
+        m = re.search(r"published (\d+) in ([0-9.]+) s", out)
+        rate = int(m.group(1)) / float(m.group(2))
+        row("drain", f"baseline, batch {batch}", fmt(rate), "ev/s")
+        if rate > best[0]:
+            best = (rate, batch)
+    row("drain", f"outbox vs best baseline (batch {best[1]})", fmt(ours), "ev/s",
+        f"{ours / best[0]:.2f}")
+    return ours, best
+
+
+# ----------------------------------------------------------------- latency
+
+class Consumer:
+    """kcat reading a topic from its end; stamps each message on arrival and
+    takes the emit time from the payload's "t" (microseconds since 1970)."""
+
+    def __init__(self, brokers, topic):
+        self.lat = []
+        self.proc = subprocess.Popen(
+            ["kcat", "-C", "-b", brokers, "-t", topic, "-o", "end", "-u", "-q", "-f", "%s\n",
+             "-X", "fetch.wait.max.ms=5", "-X", "fetch.error.backoff.ms=5"],
+            stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            now = time.time()
+            try:
+                t = json.loads(line)["t"]
+            except (ValueError, KeyError):
+                continue
+            self.lat.append(now * 1000 - t / 1000)
+
+    def stop(self):
+        time.sleep(1.5)
+        self.proc.terminate()
+        self.thread.join(5)
+        return sorted(self.lat)
+
+
+def latency_run(server, brokers, topic, script, secs, rate):
+    consumer = Consumer(brokers, topic)
+    time.sleep(3)  # let kcat join every partition at its end
+    pgbench(server, script, secs, 2, rate=rate)
+    lat = consumer.stop()
+    return lat
+
+
+def bench_latency(server, conn, brokers, drain_rate, baseline_batch):
+    set_conf(conn, "outbox.enabled", "on")
+    tick = ("SELECT outbox.emit('tick', (random() * 10000)::int::text, 'tick', "
+            "jsonb_build_object('t', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, "
+            f"'pad', '{PAD}')) FROM generate_series(1, :n);\n")
+    results = {}
+    half = max(int(drain_rate / 2), 100)
+    per_txn = max(1, half // 1000)
+    for label, rate, n in (("100 ev/s", 100, 1), (f"{half:,} ev/s (half the drain rate)", half // per_txn, per_txn)):
+        lat = latency_run(server, brokers, "outbox.event.tick",
+                          f"\\set n {n}\n" + tick, LAT_SECS, rate)
+        results[label] = lat
+        row("latency", f"outbox p50/p95/p99 at {label}",
+            f"{pct(lat, 50):.1f}/{pct(lat, 95):.1f}/{pct(lat, 99):.1f}", "ms", "", f"{len(lat)} events")
+    set_conf(conn, "outbox.enabled", "off")
+
+    # the baseline at its usual 100 ms poll, same load into its table
+    base = subprocess.Popen([os.path.join(ROOT, "test/bench/baseline_relay"), server.dsn, brokers,
+                             str(baseline_batch), "100", str(LAT_SECS + 10)],
+                            stdout=subprocess.DEVNULL)
+    plain = ("INSERT INTO bench.plain_outbox (event_id, aggregate_type, aggregate_id, event_type, topic, key, payload, occurred_at) "
+             "SELECT gen_random_uuid(), 'tick', k, 'tick', 'bench.tick', k, "
+             "jsonb_build_object('t', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, "
+             f"'pad', '{PAD}'), now() FROM (SELECT (random() * 10000)::int::text AS k FROM generate_series(1, 1)) s;\n")
+    lat = latency_run(server, brokers, "bench.tick", plain, LAT_SECS, 100)
+    base.wait()
+    ours = results["100 ev/s"]
+    row("latency", "baseline (100 ms poll) p50/p95/p99 at 100 ev/s",
+        f"{pct(lat, 50):.1f}/{pct(lat, 95):.1f}/{pct(lat, 99):.1f}", "ms",
+        f"{pct(ours, 50) / pct(lat, 50):.2f}", "ratio of p50")
+
+
+# -------------------------------------------------------------------- idle
+
+def relay_pid(conn):
+    return q1(conn, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'")
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def bench_idle(conn):
+    set_conf(conn, "outbox.enabled", "on")
+    time.sleep(3)
+    pid = relay_pid(conn)
+    q(conn, "SELECT pg_stat_statements_reset()")
+    q(conn, "SELECT pg_stat_reset_shared('wal')")
+    wal0 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
+    cpu0 = cpu_ticks(pid)
+    time.sleep(IDLE_SECS)
+    cpu1 = cpu_ticks(pid)
+    wal1 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
+    calls = q(conn, """SELECT coalesce(sum(calls), 0), count(*) FROM pg_stat_statements s
+                        JOIN pg_database d ON d.oid = s.dbid
+                       WHERE d.datname = 'bench' AND query !~* 'pg_stat_|pg_reload_conf|ALTER SYSTEM'""")[0]
+    polls = IDLE_SECS * 1000 / int(q1(conn, "SELECT setting FROM pg_settings WHERE name = 'outbox.poll_interval'"))
+    hz = os.sysconf("SC_CLK_TCK")
+    row("idle", f"relay statements over {IDLE_SECS} s idle", fmt(calls[0]), "calls", "",
+        f"{calls[1]} distinct; {polls:.0f} safety polls")
+    row("idle", f"WAL written over {IDLE_SECS} s idle", fmt(wal1 - wal0), "bytes")
+    row("idle", f"relay CPU over {IDLE_SECS} s idle", f"{(cpu1 - cpu0) * 1000 / hz:.0f}", "ms")
+    set_conf(conn, "outbox.enabled", "off")
+
+
+# --------------------------------------------------------------- held xmin
+
+def bench_held_xmin(conn):
+    make_backlog(conn, HELD_BACKLOG, "held")
+    free = drain_outbox(conn, HELD_BACKLOG)
+    holder = psycopg2.connect(conn.dsn)
+    hc = holder.cursor()
+    hc.execute("SELECT pg_current_xact_id()")          # holds an xid and the xmin
+    make_backlog(conn, HELD_BACKLOG, "held")
+    held = drain_outbox(conn, HELD_BACKLOG)
+    holder.rollback()
+    holder.close()
+    row("held xmin", f"drain {HELD_BACKLOG:,} events, no open transaction", fmt(free), "ev/s")
+    row("held xmin", f"drain {HELD_BACKLOG:,} events, one transaction held open", fmt(held), "ev/s",
+        f"{held / free:.2f}")
+
+
+def main():
+    broker = Broker()
+    server = Server(broker.bootstrap)
+    try:
+        conn = server.connect()
+        q(conn, "CREATE EXTENSION outbox")
+        q(conn, "CREATE EXTENSION pg_stat_statements")
+        cpu = open("/proc/cpuinfo").read()
+        model = re.search(r"model name\s*:\s*(.*)", cpu).group(1)
+        print(f"machine: {os.cpu_count()} cores, {model}; PostgreSQL "
+              f"{q1(conn, 'SHOW server_version')}; librdkafka mock cluster, 3 brokers"
+              f"{'; --quick' if QUICK else ''}", flush=True)
+        print(f"  {'section':10} {'case':52} {'value':>12} {'unit':8} {'ratio':>8} note")
+        bench_emit(server, conn)
+        drain_rate, best = bench_drain(server, conn, broker.bootstrap)
+        bench_latency(server, conn, broker.bootstrap, drain_rate, best[1])
+        bench_idle(conn)
+        bench_held_xmin(conn)
+    finally:
+        server.stop()
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
