@@ -26,11 +26,13 @@ ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_iso --temp-config=tes
 # TAP: the workers' life, read back through kcat
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
-PROVE_FLAGS = -I test/perl
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# after the include: Makefile.global sets PROVE_FLAGS itself
+PROVE_FLAGS += -I test/perl
 
 test-broker:
 	$(MAKE) -C test/broker

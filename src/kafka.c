@@ -42,6 +42,15 @@ static const char *const reserved_properties[][2] = {
 	{"bootstrap.servers", "Set outbox.kafka_brokers instead."},
 	{"metadata.broker.list", "Set outbox.kafka_brokers instead."},
 	{"enable.idempotence", "The relay's ordering promise needs the idempotent producer."},
+
+	/*
+	 * A batch that runs out of retries fails while the later batches of its
+	 * partition go through, so the relay's resend would land behind them
+	 * (test/t/102_request_errors.pl).  librdkafka's default retries until
+	 * message.timeout.ms.
+	 */
+	{"message.send.max.retries", "The relay's ordering promise needs librdkafka to retry until message.timeout.ms."},
+	{"retries", "The relay's ordering promise needs librdkafka to retry until message.timeout.ms."},
 	{"log.queue", "The relay serves librdkafka logs from its own thread."},
 };
 

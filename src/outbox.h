@@ -177,6 +177,7 @@ extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int byt
 extern void OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally);
 extern void OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 								 TimestampTz oldest, int page_size);
+extern void OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events);
 extern void OutboxSlotCountRetries(OutboxSlot *slot, int events);
 extern void OutboxSlotSetBrokersUp(OutboxSlot *slot, int up);
 extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);

@@ -25,6 +25,8 @@
  */
 #include "postgres.h"
 
+#include <malloc.h>
+
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -45,6 +47,8 @@
 #define RELAY_LOG_INTERVAL_MS	10000
 #define RELAY_CLEANUP_INTERVAL_MS 60000
 #define RELAY_CLEANUP_BATCH		10000
+#define RELAY_PAGE_MEMORY		(4 * 1024 * 1024)
+#define RELAY_MALLOC_KEEP		(64 * 1024 * 1024)
 #define RELAY_ACK_POLL_MS		1000
 
 typedef enum PageResult
@@ -135,6 +139,16 @@ exit_without_extension(void)
 					relay_dbname)));
 	OutboxSlotMarkNoExtension(relay_slot);
 	proc_exit(0);
+}
+
+/* Exit, as exit_without_extension does, if the extension was dropped. */
+static void
+check_extension(void)
+{
+	begin_txn("checking the extension");
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension();
+	end_txn();
 }
 
 /*
@@ -280,6 +294,15 @@ wait_for_acks(void)
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 		process_reload();
+
+		/*
+		 * librdkafka retries an outage by itself for up to
+		 * message.timeout.ms (5 minutes by default) before any delivery
+		 * report arrives: report its errors and the brokers it reaches
+		 * while that lasts, not only once the page is settled.
+		 */
+		drain_producer_errors();
+		OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
 		/* new Kafka settings: give up on the old producer, resend on the new */
 		if (producer_settings_changed())
 			OutboxProducerPurge(producer);
@@ -290,14 +313,18 @@ wait_for_acks(void)
 /*
  * sleep_ms
  *		Wait on the latch for up to ms; commits and signals cut it short.
+ *		Returns whether the latch was set.
  */
-static void
+static bool
 sleep_ms(long ms)
 {
-	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 ms, PG_WAIT_EXTENSION);
+	int			rc;
+
+	rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+				   ms, PG_WAIT_EXTENSION);
 	ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
+	return (rc & WL_LATCH_SET) != 0;
 }
 
 /*
@@ -537,6 +564,9 @@ deliver(OutboxEvent *events, int n, bool replay)
 			memset(tally.latency, 0, sizeof(tally.latency));
 		}
 		OutboxSlotCountDelivered(relay_slot, &tally);
+		/* replays are not part of the batch, so not of its backlog */
+		if (!replay)
+			OutboxSlotCountBatchDelivered(relay_slot, (int64) tally.events);
 		if (failed == 0)
 		{
 			backoff_ms = 0;
@@ -789,8 +819,17 @@ OutboxRelayMain(Datum main_arg)
 
 	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 									  ALLOCSET_DEFAULT_SIZES);
+	/*
+	 * A page's events take a few megabytes.  A large keeper block survives
+	 * each reset, and malloc keeps freed memory instead of handing it back
+	 * to the kernel, so draining a backlog does not fault fresh pages in
+	 * for every page (librdkafka's per-message allocations gain too).
+	 */
 	page_cxt = AllocSetContextCreate(relay_cxt, "outbox page",
-									 ALLOCSET_DEFAULT_SIZES);
+									 RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY,
+									 ALLOCSET_DEFAULT_MAXSIZE);
+	mallopt(M_TRIM_THRESHOLD, RELAY_MALLOC_KEEP);
+	mallopt(M_MMAP_THRESHOLD, RELAY_MALLOC_KEEP);
 	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",
 										ALLOCSET_SMALL_SIZES);
 
@@ -823,7 +862,13 @@ OutboxRelayMain(Datum main_arg)
 			set_state(outbox_enabled ? OUTBOX_RELAY_NOT_CONFIGURED : OUTBOX_RELAY_PAUSED);
 			if (producer != NULL)
 				drop_producer();
-			sleep_ms(outbox_poll_interval);
+			/*
+			 * A paused relay reads no page, which is where it would notice
+			 * DROP EXTENSION; that commit sets the latch, so look when woken
+			 * rather than linger in a database without outbox.
+			 */
+			if (sleep_ms(outbox_poll_interval))
+				check_extension();
 			continue;
 		}
 		if (!ensure_producer())

@@ -20,6 +20,7 @@
 
 #include <signal.h>
 
+#include "access/xact.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -151,6 +152,7 @@ void
 OutboxWakeRelay(Oid dboid, bool replay, int events)
 {
 	OutboxSlot *slot;
+	TimestampTz committed_at = GetCurrentTransactionStopTimestamp();
 
 	if (outbox_shared == NULL)
 		return;
@@ -165,6 +167,15 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 		if (replay)
 			slot->replay_pending = true;
 		slot->committed_events += events;
+
+		/*
+		 * The relay learns the oldest pending event's age when it reads a
+		 * page, which a paused, unconfigured or busy relay does not do: until
+		 * then, the first commit since the backlog was empty stands for it,
+		 * so that status() and health() see events waiting.
+		 */
+		if (events > 0 && slot->oldest_pending == 0)
+			slot->oldest_pending = committed_at;
 		SpinLockRelease(&slot->mutex);
 		if (latch != NULL)
 			SetLatch(latch);
@@ -486,6 +497,22 @@ OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 	if (oldest >= 0)
 		slot->oldest_pending = oldest;
 	slot->page_size = page_size;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotCountBatchDelivered
+ *		Relay: events of the open batch were acknowledged.  They leave the
+ *		backlog now rather than when their whole page settles, so that the
+ *		part of a page delivered before an outage is not counted as pending
+ *		for as long as the outage lasts.  The next OutboxSlotSetBacklog
+ *		sets the figure again from the relay's own count.
+ */
+void
+OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->batch_remaining = Max(slot->batch_remaining - events, 0);
 	SpinLockRelease(&slot->mutex);
 }
 

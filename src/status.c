@@ -265,7 +265,7 @@ outbox_metrics(PG_FUNCTION_ARGS)
 	char	   *q;
 	uint64		cumulative = 0;
 	int			b;
-	static const char *const states[] = {"running", "paused", "backing off", "not configured", "stopped"};
+	static const char *const states[] = {"starting", "running", "paused", "backing off", "not configured", "stopped"};
 	static const OutboxErrorClass classes[] = {OUTBOX_ERROR_TRANSIENT, OUTBOX_ERROR_PERMANENT, OUTBOX_ERROR_FATAL};
 
 	take_snapshot(&snap);
@@ -302,9 +302,9 @@ outbox_metrics(PG_FUNCTION_ARGS)
 	metric(&buf, "outbox_oldest_pending_seconds", "gauge", "Age of the oldest event not yet published (0 when none).");
 	appendStringInfo(&buf, "outbox_oldest_pending_seconds{%s} %.3f\n", labels,
 					 Max(snap.oldest_age, 0));
-	metric(&buf, "outbox_published_total", "counter", "Events acknowledged by Kafka since the relay started.");
+	metric(&buf, "outbox_published_total", "counter", "Events acknowledged by Kafka since the server started.");
 	appendStringInfo(&buf, "outbox_published_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.published);
-	metric(&buf, "outbox_published_bytes_total", "counter", "Payload bytes acknowledged by Kafka since the relay started.");
+	metric(&buf, "outbox_published_bytes_total", "counter", "Payload bytes acknowledged by Kafka since the server started.");
 	appendStringInfo(&buf, "outbox_published_bytes_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.published_bytes);
 	metric(&buf, "outbox_retries_total", "counter", "Events sent again after a failed attempt.");
 	appendStringInfo(&buf, "outbox_retries_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.retries);
@@ -388,8 +388,10 @@ outbox_health(PG_FUNCTION_ARGS)
 		else if (snap.oldest_age > limit)
 		{
 			status = "critical";
-			reason = psprintf("the oldest undelivered event is %.0f s old, over %.0f s",
-							  snap.oldest_age, limit);
+			reason = psprintf("the oldest undelivered event is %.0f s old, over %.0f s%s",
+							  snap.oldest_age, limit,
+							  snap.slot.state == OUTBOX_RELAY_PAUSED ?
+							  " (publishing is paused: outbox.enabled = off)" : "");
 		}
 		else if (snap.slot.state == OUTBOX_RELAY_PAUSED)
 		{
@@ -410,8 +412,10 @@ outbox_health(PG_FUNCTION_ARGS)
 		else if (snap.quarantined > 0)
 		{
 			status = "warning";
-			reason = psprintf(INT64_FORMAT " events are quarantined in outbox.dead_letters",
-							  snap.quarantined);
+			reason = snap.quarantined == 1 ?
+				pstrdup("1 event is quarantined in outbox.dead_letters") :
+				psprintf(INT64_FORMAT " events are quarantined in outbox.dead_letters",
+						 snap.quarantined);
 		}
 	}
 

@@ -22,32 +22,46 @@
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/datetime.h"
 #include "utils/timestamp.h"
+#include "utils/uuid.h"
 
 #include "outbox.h"
 
 /* $2: cur, $3: prev; before the first batch (no prev) it is all of cur */
 #define BATCH_OF(prev) \
-	" pg_catalog.pg_visible_in_snapshot(e.txid, $2::pg_catalog.pg_snapshot)" \
+	" pg_catalog.pg_visible_in_snapshot(e.txid, $2)" \
 	" AND (" prev ")"
 
 #define AFTER_PREV \
-	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3::pg_catalog.pg_snapshot)" \
-	" OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip($3::pg_catalog.pg_snapshot)))"
+	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3)" \
+	" OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip($3)))"
 
+/*
+ * The extent of a batch.  Run with plain index and sequential scans off:
+ * the only path left is a bitmap scan of the txid index, which touches just
+ * the batch.  Left to itself the planner may walk the id index from the
+ * oldest retained event, since it cannot tell that "txid >= xmax" matches
+ * only the newest rows.
+ */
 #define BOUNDS_SQL(prev) \
-	"SELECT pg_catalog.max(e.id), pg_catalog.count(*) FROM outbox.events e" \
+	"SELECT pg_catalog.min(e.id), pg_catalog.max(e.id), pg_catalog.count(*)" \
+	" FROM outbox.events e" \
 	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
 
-/* the columns decode_event() reads, in its order */
+/*
+ * The columns decode_event() reads, in its order.  Values come back binary
+ * and are formatted in C: the payload's JSON text straight into the page,
+ * the event id and occurred_at without output functions.
+ */
 #define EVENT_COLUMNS \
-	"e.id, e.event_id::text, e.aggregate_type, e.aggregate_id, e.seq," \
-	" e.event_type, e.schema_version, e.topic, e.key, e.payload::text, e.headers," \
-	" e.tenant, e.traceparent," \
-	" pg_catalog.to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')," \
-	" e.created_at"
+	"e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.seq," \
+	" e.event_type, e.schema_version, e.topic, e.key, e.payload, e.headers," \
+	" e.tenant, e.traceparent, e.occurred_at, e.created_at"
 #define EVENT_NCOLUMNS 15
 
 #define PAGE_SQL(prev) \
@@ -56,14 +70,8 @@
 	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND e.id OPERATOR(pg_catalog.<=) $4 AND" BATCH_OF(prev) \
 	" ORDER BY e.id LIMIT $5"
 
-/* the lowest id of a batch, so pages can walk the id index from there */
-#define START_SQL(prev) \
-	"SELECT pg_catalog.min(e.id) FROM outbox.events e WHERE" BATCH_OF(prev)
-
 enum
 {
-	Q_START_FIRST,
-	Q_START,
 	Q_BOUNDS_FIRST,
 	Q_BOUNDS,
 	Q_PAGE_FIRST,
@@ -72,15 +80,13 @@ enum
 };
 
 static const char *const query_text[Q_COUNT] = {
-	START_SQL("true"),
-	START_SQL(AFTER_PREV),
 	BOUNDS_SQL("true"),
 	BOUNDS_SQL(AFTER_PREV),
 	PAGE_SQL("true"),
 	PAGE_SQL(AFTER_PREV),
 };
 
-static const int query_nargs[Q_COUNT] = {3, 3, 3, 3, 5, 5};
+static const int query_nargs[Q_COUNT] = {3, 3, 5, 5};
 
 static SPIPlanPtr plans[Q_COUNT];
 
@@ -89,7 +95,7 @@ get_plan(int q)
 {
 	if (plans[q] == NULL)
 	{
-		Oid			types[5] = {INT8OID, TEXTOID, TEXTOID, INT8OID, INT4OID};
+		Oid			types[5] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID, INT8OID, INT4OID};
 		SPIPlanPtr	plan = SPI_prepare(query_text[q], query_nargs[q], types);
 
 		if (plan == NULL)
@@ -101,16 +107,28 @@ get_plan(int q)
 	return plans[q];
 }
 
+static Datum
+snapshot_datum(const char *text)
+{
+	static Oid	input = InvalidOid;
+	static Oid	ioparam;
+
+	if (!OidIsValid(input))
+		getTypeInputInfo(PG_SNAPSHOTOID, &input, &ioparam);
+	return OidInputFunctionCall(input, (char *) text, ioparam, -1);
+}
+
 static void
 set_args(Datum *values, char *nulls, const OutboxBatch *batch, int64 after)
 {
 	values[0] = Int64GetDatum(after);
 	nulls[0] = ' ';
-	values[1] = CStringGetTextDatum(batch->cur);
+	/* typed parameters: parsed once here, not once per row */
+	values[1] = snapshot_datum(batch->cur);
 	nulls[1] = ' ';
 	if (batch->prev != NULL)
 	{
-		values[2] = CStringGetTextDatum(batch->prev);
+		values[2] = snapshot_datum(batch->prev);
 		nulls[2] = ' ';
 	}
 	else
@@ -199,50 +217,48 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	char		nulls[5];
 	bool		isnull;
 	int			rc;
-	bool		first = (batch->prev == NULL);
-	bool		fresh = (batch->cur == NULL);
+	int			nestlevel;
+	HeapTuple	tup;
+	TupleDesc	desc;
 
 	SPI_connect();
-	if (fresh)
+	if (batch->cur == NULL)
 	{
 		rc = SPI_execute("SELECT pg_catalog.pg_current_snapshot()::text", true, 1);
 		if (rc != SPI_OK_SELECT || SPI_processed != 1)
 			elog(ERROR, "could not take a snapshot: %s", SPI_result_code_string(rc));
 		batch->cur = getstr(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, cxt);
-
-		/* start just below the batch's lowest id */
-		set_args(values, nulls, batch, 0);
-		nulls[0] = 'n';
-		rc = SPI_execute_plan(get_plan(first ? Q_START_FIRST : Q_START), values, nulls, true, 1);
-		if (rc != SPI_OK_SELECT || SPI_processed != 1)
-			elog(ERROR, "could not find the batch start: %s", SPI_result_code_string(rc));
-		{
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-			batch->last_id = isnull ? 0 : DatumGetInt64(d) - 1;
-		}
-		if (isnull)
-		{
-			/* nothing new: keep prev, the next batch covers the same ground */
-			pfree(batch->cur);
-			batch->cur = NULL;
-			batch->remaining = 0;
-			SPI_finish();
-			return false;
-		}
+		batch->last_id = 0;
 	}
 
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_indexscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_indexonlyscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	set_args(values, nulls, batch, batch->last_id);
-	rc = SPI_execute_plan(get_plan(first ? Q_BOUNDS_FIRST : Q_BOUNDS), values, nulls, true, 1);
+	rc = SPI_execute_plan(get_plan(batch->prev == NULL ? Q_BOUNDS_FIRST : Q_BOUNDS),
+						  values, nulls, true, 1);
+	AtEOXact_GUC(true, nestlevel);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not find the batch bounds: %s", SPI_result_code_string(rc));
-	{
-		HeapTuple	tup = SPI_tuptable->vals[0];
-		Datum		d = SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull);
 
-		batch->max_id = isnull ? batch->last_id : DatumGetInt64(d);
-		batch->remaining = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	batch->remaining = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+	if (batch->remaining == 0)
+	{
+		/* nothing left: keep prev, the next batch covers the same ground */
+		pfree(batch->cur);
+		batch->cur = NULL;
+		SPI_finish();
+		return false;
 	}
+	/* pages walk the id index from just below the batch's lowest id */
+	batch->last_id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull)) - 1;
+	batch->max_id = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
 	SPI_finish();
 	return true;
 }
@@ -273,36 +289,82 @@ decode_headers(OutboxEvent *ev, Jsonb *jb)
 	ev->nheaders = i;
 }
 
+static char *
+text_copy(Datum d)
+{
+	return TextDatumGetCString(d);
+}
+
+/* 8-4-4-4-12 lower-case hex, as uuid_out writes it */
+static char *
+format_uuid(const pg_uuid_t *uuid)
+{
+	static const char hex[] = "0123456789abcdef";
+	char	   *out = palloc(UUID_LEN * 2 + 5);
+	char	   *p = out;
+	int			i;
+
+	for (i = 0; i < UUID_LEN; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*p++ = '-';
+		*p++ = hex[uuid->data[i] >> 4];
+		*p++ = hex[uuid->data[i] & 0x0F];
+	}
+	*p = '\0';
+	return out;
+}
+
+/* RFC 3339 in UTC with microseconds: 2026-01-02T03:04:05.000000Z */
+static char *
+format_timestamp(TimestampTz ts)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+
+	if (TIMESTAMP_NOT_FINITE(ts) || timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) != 0)
+		return pstrdup(TIMESTAMP_IS_NOBEGIN(ts) ? "-infinity" : "infinity");
+	return psprintf("%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min,
+					tm.tm_sec, (int) fsec);
+}
+
 /*
  * decode_event
- *		Copy one row of EVENT_COLUMNS into *ev, allocating in cxt.
+ *		Copy one row of EVENT_COLUMNS into *ev.  The caller has switched to
+ *		the page's memory context, where everything is allocated.
  */
 static void
-decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev, MemoryContext cxt)
+decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 {
-	bool		isnull;
-	Datum		d;
+	/* a replay row has two more columns, read by the caller */
+	Datum		v[EVENT_NCOLUMNS + 2];
+	bool		isnull[EVENT_NCOLUMNS + 2];
+	Jsonb	   *payload;
+	StringInfoData json;
 
-	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-	ev->event_id = getstr(tup, desc, 2, cxt);
-	ev->aggregate_type = getstr(tup, desc, 3, cxt);
-	ev->aggregate_id = getstr(tup, desc, 4, cxt);
-	d = SPI_getbinval(tup, desc, 5, &isnull);
-	ev->has_seq = !isnull;
-	ev->seq = isnull ? 0 : DatumGetInt64(d);
-	ev->event_type = getstr(tup, desc, 6, cxt);
-	ev->schema_version = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
-	ev->topic = getstr(tup, desc, 8, cxt);
-	ev->key = getstr(tup, desc, 9, cxt);
-	ev->payload = getstr(tup, desc, 10, cxt);
-	ev->payload_len = strlen(ev->payload);
-	d = SPI_getbinval(tup, desc, 11, &isnull);
-	if (!isnull)
-		decode_headers(ev, DatumGetJsonbP(d));
-	ev->tenant = getstr(tup, desc, 12, cxt);
-	ev->traceparent = getstr(tup, desc, 13, cxt);
-	ev->occurred_at = getstr(tup, desc, 14, cxt);
-	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 15, &isnull));
+	Assert(desc->natts <= EVENT_NCOLUMNS + 2);
+	heap_deform_tuple(tup, desc, v, isnull);
+	ev->id = DatumGetInt64(v[0]);
+	ev->event_id = format_uuid(DatumGetUUIDP(v[1]));
+	ev->aggregate_type = text_copy(v[2]);
+	ev->aggregate_id = text_copy(v[3]);
+	ev->has_seq = !isnull[4];
+	ev->seq = isnull[4] ? 0 : DatumGetInt64(v[4]);
+	ev->event_type = text_copy(v[5]);
+	ev->schema_version = DatumGetInt32(v[6]);
+	ev->topic = text_copy(v[7]);
+	ev->key = text_copy(v[8]);
+	payload = DatumGetJsonbP(v[9]);
+	initStringInfo(&json);
+	ev->payload = JsonbToCString(&json, &payload->root, VARSIZE(payload));
+	ev->payload_len = json.len;
+	if (!isnull[10])
+		decode_headers(ev, DatumGetJsonbP(v[10]));
+	ev->tenant = isnull[11] ? NULL : text_copy(v[11]);
+	ev->traceparent = isnull[12] ? NULL : text_copy(v[12]);
+	ev->occurred_at = format_timestamp(DatumGetTimestampTz(v[13]));
+	ev->created_at = DatumGetTimestampTz(v[14]);
 	ev->disposition = OUTBOX_EVENT_PENDING;
 	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
 }
@@ -337,7 +399,7 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
 	old = MemoryContextSwitchTo(cxt);
 	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
 	for (i = 0; i < SPI_processed; i++)
-		decode_event(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &evs[i], cxt);
+		decode_event(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &evs[i]);
 	MemoryContextSwitchTo(old);
 	*events = evs;
 	rc = (int) SPI_processed;
@@ -353,31 +415,45 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
 void
 OutboxStoreSavePage(OutboxBatch *batch, int64 last_id, int count, bool batch_done)
 {
+	static SPIPlanPtr page_plan = NULL;
+	static SPIPlanPtr done_plan = NULL;
+	SPIPlanPtr *planp = batch_done ? &done_plan : &page_plan;
 	Datum		values[3];
-	Oid			types[3] = {TEXTOID, INT8OID, INT8OID};
 	int			rc;
 
 	SPI_connect();
+	if (*planp == NULL)
+	{
+		Oid			types[3] = {TEXTOID, INT8OID, INT8OID};
+		SPIPlanPtr	plan;
+
+		if (batch_done)
+			plan = SPI_prepare("UPDATE outbox.relay_progress SET"
+							   " prev_snapshot = $1::pg_catalog.pg_snapshot,"
+							   " batch_snapshot = NULL, batch_last_id = NULL,"
+							   " published = published OPERATOR(pg_catalog.+) $2,"
+							   " batches = batches OPERATOR(pg_catalog.+) 1,"
+							   " updated_at = pg_catalog.now()"
+							   " WHERE relay = 'default'",
+							   3, types);
+		else
+			plan = SPI_prepare("UPDATE outbox.relay_progress SET"
+							   " batch_snapshot = $1::pg_catalog.pg_snapshot,"
+							   " batch_last_id = $3,"
+							   " published = published OPERATOR(pg_catalog.+) $2,"
+							   " updated_at = pg_catalog.now()"
+							   " WHERE relay = 'default'",
+							   3, types);
+		if (plan == NULL)
+			elog(ERROR, "could not prepare progress update: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		*planp = plan;
+	}
 	values[0] = CStringGetTextDatum(batch->cur);
 	values[1] = Int64GetDatum(count);
 	values[2] = Int64GetDatum(last_id);
-	if (batch_done)
-		rc = SPI_execute_with_args("UPDATE outbox.relay_progress SET"
-								   " prev_snapshot = $1::pg_catalog.pg_snapshot,"
-								   " batch_snapshot = NULL, batch_last_id = NULL,"
-								   " published = published OPERATOR(pg_catalog.+) $2,"
-								   " batches = batches OPERATOR(pg_catalog.+) 1,"
-								   " updated_at = pg_catalog.now()"
-								   " WHERE relay = 'default'",
-								   2, types, values, NULL, false, 0);
-	else
-		rc = SPI_execute_with_args("UPDATE outbox.relay_progress SET"
-								   " batch_snapshot = $1::pg_catalog.pg_snapshot,"
-								   " batch_last_id = $3,"
-								   " published = published OPERATOR(pg_catalog.+) $2,"
-								   " updated_at = pg_catalog.now()"
-								   " WHERE relay = 'default'",
-								   3, types, values, NULL, false, 0);
+	rc = SPI_execute_plan(*planp, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "could not save relay progress: %s", SPI_result_code_string(rc));
 	SPI_finish();
@@ -566,7 +642,7 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
 
-		decode_event(tup, desc, &evs[i], cxt);
+		decode_event(tup, desc, &evs[i]);
 		evs[i].queue_position = DatumGetInt64(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 1, &isnull));
 		evs[i].dead_letter = DatumGetBool(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 2, &isnull));
 	}

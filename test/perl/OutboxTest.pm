@@ -1,0 +1,636 @@
+# test/perl/OutboxTest.pm: helpers shared by the TAP tests (test tool only,
+# never installed).
+
+=pod
+
+=head1 NAME
+
+OutboxTest - what the outbox TAP tests share: a mock Kafka cluster, a
+server with the relay preloaded, and reading topics back with kcat
+
+=head1 SYNOPSIS
+
+  use OutboxTest;
+
+  my $kafka = OutboxTest::Broker->start(brokers => 3);
+  my $node = outbox_node('main', $kafka);
+  $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+  my $pid = wait_for_relay($node, 'postgres');
+  $kafka->command('rtt all 20');
+  my $msgs = wait_for_messages($kafka, 'outbox.event.order', 10);
+
+=head1 DESCRIPTION
+
+The relay is only ever checked from the outside: topics are read back with
+kcat, a client that shares no code with the relay.  Every wait has a
+timeout and reports what it last saw when it runs out.
+
+=cut
+
+package OutboxTest;
+
+use strict;
+use warnings;
+
+use Carp;
+use Exporter 'import';
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+our @EXPORT = qw(
+  outbox_node
+  read_topic
+  wait_for_messages
+  wait_for_events
+  event_ids_of
+  relay_pid
+  relay_pids
+  wait_for_relay
+  wait_for_no_relay
+  wait_for_log_match
+  poll_until
+  relay_state_is
+  query_json
+);
+
+# librdkafka settings that make a test notice a broker change quickly
+our $TEST_KAFKA_CONFIG =
+  'reconnect.backoff.ms=50;reconnect.backoff.max.ms=500;retry.backoff.ms=100';
+
+# how long a wait may take before the test fails
+our $WAIT_TIMEOUT = 60;
+
+# "%p %o %K %S|<key>|<payload>|<headers>\n": the lengths make key and payload
+# safe to contain any byte; headers run to the end of the line
+my $KCAT_FORMAT = '%p %o %K %S|%k|%s|%h\n';
+
+=pod
+
+=head1 FUNCTIONS
+
+=over
+
+=item outbox_node(name, broker, %params)
+
+A started server with shared_preload_libraries = 'outbox', publishing to
+broker (an OutboxTest::Broker or a bootstrap string), polling every
+100 ms.  Params: allows_streaming, conf (more postgresql.conf lines),
+kafka_config (replaces the test librdkafka settings), start => 0.
+
+=cut
+
+sub outbox_node
+{
+	my ($name, $broker, %params) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	my $boot = ref $broker ? $broker->bootstrap : $broker;
+	my $kconf = $params{kafka_config} // $TEST_KAFKA_CONFIG;
+
+	$node->init(allows_streaming => $params{allows_streaming} // 0);
+	$node->append_conf(
+		'postgresql.conf', qq{
+shared_preload_libraries = 'outbox'
+outbox.kafka_brokers = '$boot'
+outbox.kafka_config = '$kconf'
+outbox.poll_interval = '100ms'
+max_worker_processes = 16
+});
+	$node->append_conf('postgresql.conf', $params{conf})
+	  if defined $params{conf};
+	$node->start unless defined $params{start} && !$params{start};
+	return $node;
+}
+
+=pod
+
+=item read_topic(broker, topic)
+
+Every message of topic, from the beginning, read with kcat.  Returns an
+array reference of hashes { partition, offset, key, value, headers (name
+=> value, the last of each name), header_list ([name, value] pairs in
+order) } sorted by partition and offset, or undef when kcat fails.
+kcat prints headers bare, as name=value,name=value: a value must not
+contain a newline, nor a comma followed by something=.
+
+=cut
+
+sub read_topic
+{
+	my ($broker, $topic) = @_;
+	my $boot = ref $broker ? $broker->bootstrap : $broker;
+	my ($out, $err) = ('', '');
+	my @cmd = (
+		'kcat', '-C', '-b', $boot, '-t', $topic, '-o', 'beginning',
+		'-e', '-q', '-f', $KCAT_FORMAT);
+
+	my $ok = eval {
+		IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
+			IPC::Run::timeout($WAIT_TIMEOUT));
+	};
+	if (!$ok)
+	{
+		note "kcat failed on topic $topic: " . ($@ || $err);
+		return undef;
+	}
+	return parse_kcat($out);
+}
+
+# Parse the output of $KCAT_FORMAT; dies on anything else.
+sub parse_kcat
+{
+	my ($out) = @_;
+	my @msgs;
+	my $pos = 0;
+
+	while ($pos < length($out))
+	{
+		my ($part, $offset, $klen, $vlen) =
+		  substr($out, $pos, 200) =~ /^(\d+) (\d+) (-?\d+) (-?\d+)\|/
+		  or croak "unexpected kcat output at byte $pos: "
+		  . substr($out, $pos, 80);
+		my %m = (partition => $part + 0, offset => $offset + 0);
+
+		$pos += length("$part $offset $klen $vlen|");
+		$m{key} = $klen < 0 ? undef : substr($out, $pos, $klen);
+		$pos += ($klen < 0 ? 0 : $klen);
+		substr($out, $pos++, 1) eq '|' or croak "kcat key not followed by |";
+		$m{value} = $vlen < 0 ? undef : substr($out, $pos, $vlen);
+		$pos += ($vlen < 0 ? 0 : $vlen);
+		substr($out, $pos++, 1) eq '|'
+		  or croak "kcat value not followed by |";
+		my $nl = index($out, "\n", $pos);
+		$nl >= 0 or croak "kcat headers not ended by a newline";
+		my $hdrs = substr($out, $pos, $nl - $pos);
+		$pos = $nl + 1;
+
+		$m{header_list} = [];
+		$m{headers} = {};
+		# a comma starts the next header only when "name=" follows it
+		foreach my $h (split /,(?=[^,=]+=)/, $hdrs)
+		{
+			my ($name, $value) = split /=/, $h, 2;
+			push @{ $m{header_list} }, [ $name, $value ];
+			$m{headers}{$name} = $value;
+		}
+		push @msgs, \%m;
+	}
+	@msgs = sort {
+		$a->{partition} <=> $b->{partition}
+		  or $a->{offset} <=> $b->{offset}
+	} @msgs;
+	return \@msgs;
+}
+
+=pod
+
+=item wait_for_messages(broker, topic, n [, timeout])
+
+Reads topic until it holds at least n messages and returns them; on
+timeout fails the test and returns what it last read.
+
+=cut
+
+sub wait_for_messages
+{
+	my ($broker, $topic, $n, $timeout) = @_;
+	my $deadline = time() + ($timeout // $WAIT_TIMEOUT);
+	my $msgs = [];
+
+	while (1)
+	{
+		$msgs = read_topic($broker, $topic) // $msgs;
+		return $msgs if @$msgs >= $n;
+		last if time() > $deadline;
+		usleep(200_000);
+	}
+	fail("topic $topic reaches $n messages (it has " . scalar(@$msgs) . ")");
+	return $msgs;
+}
+
+=pod
+
+=item wait_for_events(broker, topic, ids [, timeout])
+
+Reads topic until every event id in the array ids appears in an "id"
+header and returns all messages; on timeout fails the test, names some
+missing ids and returns what it last read.
+
+=cut
+
+sub wait_for_events
+{
+	my ($broker, $topic, $ids, $timeout) = @_;
+	my $deadline = time() + ($timeout // $WAIT_TIMEOUT);
+	my $msgs = [];
+	my @missing;
+
+	while (1)
+	{
+		$msgs = read_topic($broker, $topic) // $msgs;
+		my %seen = map { ($_->{headers}{id} // '') => 1 } @$msgs;
+		@missing = grep { !$seen{$_} } @$ids;
+		return $msgs unless @missing;
+		last if time() > $deadline;
+		usleep(200_000);
+	}
+	fail(   "topic $topic receives all "
+		  . scalar(@$ids)
+		  . " events (missing "
+		  . scalar(@missing) . ", e.g. "
+		  . join(', ', @missing[ 0 .. ($#missing < 4 ? $#missing : 4) ])
+		  . ")");
+	return $msgs;
+}
+
+=pod
+
+=item event_ids_of(messages)
+
+A hash reference: event id (the "id" header) => how many times it appears.
+
+=cut
+
+sub event_ids_of
+{
+	my ($msgs) = @_;
+	my %count;
+
+	$count{ $_->{headers}{id} // '' }++ foreach @$msgs;
+	return \%count;
+}
+
+=pod
+
+=item query_json(node, dbname, query)
+
+Runs a query whose single result is JSON text and returns it decoded.
+
+=cut
+
+sub query_json
+{
+	my ($node, $dbname, $query) = @_;
+	my $text = $node->safe_psql($dbname, $query);
+
+	return decode_json($text eq '' ? 'null' : $text);
+}
+
+=pod
+
+=item relay_pids(node [, dbname])
+
+The pids of 'outbox relay' backends (of dbname only, when given).
+
+=item relay_pid(node, dbname)
+
+The pid of dbname's relay, or undef when none runs.
+
+=cut
+
+sub relay_pids
+{
+	my ($node, $dbname) = @_;
+	my $where = "backend_type = 'outbox relay'";
+
+	$where .= " AND datname = '$dbname'" if defined $dbname;
+	my $out = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE $where ORDER BY pid");
+	return grep { $_ ne '' } split /\n/, $out;
+}
+
+sub relay_pid
+{
+	my ($node, $dbname) = @_;
+	my @pids = relay_pids($node, $dbname);
+
+	croak "more than one relay for database $dbname: @pids" if @pids > 1;
+	return $pids[0];
+}
+
+=pod
+
+=item wait_for_relay(node, dbname [, timeout [, not_pid]])
+
+Polls pg_stat_activity every 50 ms until dbname has a relay (other than
+not_pid).  Returns (pid, seconds waited), or just the pid in scalar
+context; pid is undef on timeout.
+
+=cut
+
+sub wait_for_relay
+{
+	my ($node, $dbname, $timeout, $not_pid) = @_;
+	my $start = time();
+	my $deadline = $start + ($timeout // $WAIT_TIMEOUT);
+	my $pid;
+
+	while (1)
+	{
+		$pid = relay_pid($node, $dbname);
+		last if defined $pid && (!defined $not_pid || $pid != $not_pid);
+		$pid = undef;
+		last if time() > $deadline;
+		usleep(50_000);
+	}
+	return wantarray ? ($pid, time() - $start) : $pid;
+}
+
+=pod
+
+=item wait_for_no_relay(node, dbname [, timeout])
+
+Polls until dbname has no relay.  Returns (true if none, seconds waited),
+or just the first in scalar context.
+
+=cut
+
+sub wait_for_no_relay
+{
+	my ($node, $dbname, $timeout) = @_;
+	my $start = time();
+	my $deadline = $start + ($timeout // $WAIT_TIMEOUT);
+	my $gone;
+
+	while (1)
+	{
+		$gone = !defined relay_pid($node, $dbname);
+		last if $gone || time() > $deadline;
+		usleep(50_000);
+	}
+	return wantarray ? ($gone ? 1 : 0, time() - $start) : ($gone ? 1 : 0);
+}
+
+=pod
+
+=item wait_for_log_match(node, regexp, offset [, timeout])
+
+Waits until the server log, from byte offset on, matches regexp.  Returns
+the log's length then, or undef on timeout (shorter than the
+PostgreSQL::Test::Cluster one, so that a test fails instead of hanging).
+
+=cut
+
+sub wait_for_log_match
+{
+	my ($node, $re, $offset, $timeout) = @_;
+	my $deadline = time() + ($timeout // $WAIT_TIMEOUT);
+
+	while (1)
+	{
+		my $log = PostgreSQL::Test::Utils::slurp_file($node->logfile, $offset);
+		return $offset + length($log) if $log =~ $re;
+		return undef if time() > $deadline;
+		usleep(100_000);
+	}
+}
+
+=pod
+
+=item poll_until(node, dbname, query, expected [, timeout])
+
+Runs query every 100 ms until it returns expected (errors count as not
+yet).  Returns true if it did before the timeout.
+
+=cut
+
+sub poll_until
+{
+	my ($node, $dbname, $query, $expected, $timeout) = @_;
+	my $deadline = time() + ($timeout // $WAIT_TIMEOUT);
+	my $last = '';
+
+	while (1)
+	{
+		my ($ret, $out, $err) = $node->psql($dbname, $query);
+		return 1 if $ret == 0 && $out eq $expected;
+		$last = $ret == 0 ? $out : $err;
+		last if time() > $deadline;
+		usleep(100_000);
+	}
+	note "\"$query\" still returns \"$last\", not \"$expected\"";
+	return 0;
+}
+
+=pod
+
+=item relay_state_is(node, dbname, state [, timeout])
+
+Waits until outbox.status() in dbname reports the relay in state
+("running", "paused", ...).  Returns true if it did.
+
+=cut
+
+sub relay_state_is
+{
+	my ($node, $dbname, $state, $timeout) = @_;
+
+	return poll_until($node, $dbname, 'SELECT state FROM outbox.status()',
+		$state, $timeout // 15);
+}
+
+=pod
+
+=back
+
+=cut
+
+package OutboxTest::Broker;
+
+use strict;
+use warnings;
+
+use Carp;
+use Fcntl qw(O_WRONLY O_NONBLOCK);
+use POSIX qw(WNOHANG);
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+my @running;
+
+=pod
+
+=head1 OutboxTest::Broker
+
+=over
+
+=item OutboxTest::Broker->start(brokers => N, args => [...])
+
+Starts test/broker/outbox_test_broker (or $ENV{OUTBOX_TEST_BROKER}) with N
+brokers, its control FIFO and bootstrap file in a fresh temporary
+directory, and waits for the bootstrap file.  It is stopped at END.
+
+=cut
+
+sub start
+{
+	my ($class, %params) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir('kafka');
+	my $prog = $ENV{OUTBOX_TEST_BROKER} // 'test/broker/outbox_test_broker';
+	my $self = bless {
+		dir => $dir,
+		fifo => "$dir/control",
+		bootfile => "$dir/bootstrap",
+		out => "$dir/broker.out",
+		err => "$dir/broker.err",
+		acked => 1,    # lines of stdout consumed; the first is the bootstrap
+	}, $class;
+
+	-x $prog or BAIL_OUT("$prog is missing: run make -C test/broker");
+	my @cmd = (
+		$prog, '-b', $params{brokers} // 3,
+		'-c', $self->{fifo}, '-f', $self->{bootfile},
+		@{ $params{args} // [] });
+	my $pid = fork();
+	defined $pid or BAIL_OUT("fork failed: $!");
+	if ($pid == 0)
+	{
+		open(STDIN, '<', '/dev/null');
+		open(STDOUT, '>', $self->{out});
+		open(STDERR, '>', $self->{err});
+		exec { $cmd[0] } @cmd or POSIX::_exit(127);
+	}
+	$self->{pid} = $pid;
+	push @running, $self;
+
+	my $deadline = time() + 30;
+	until (-s $self->{bootfile})
+	{
+		BAIL_OUT("test broker did not start: " . slurp_or_empty($self->{err}))
+		  if time() > $deadline || !$self->alive;
+		usleep(20_000);
+	}
+	$self->{bootstrap} = slurp_file($self->{bootfile});
+	chomp $self->{bootstrap};
+	note "test broker $self->{bootstrap}";
+	return $self;
+}
+
+sub slurp_or_empty
+{
+	my ($file) = @_;
+	return -e $file ? slurp_file($file) : '';
+}
+
+=pod
+
+=item $broker->bootstrap
+
+The bootstrap list, "127.0.0.1:port,...".
+
+=cut
+
+sub bootstrap
+{
+	my ($self) = @_;
+	return $self->{bootstrap};
+}
+
+=pod
+
+=item $broker->command(line)
+
+Sends one command on the control FIFO and waits for its answer.  Returns
+the answer; dies unless it starts with "ok".
+
+=cut
+
+sub command
+{
+	my ($self, $line) = @_;
+	my $deadline = time() + 30;
+	my $fh;
+
+	# O_NONBLOCK: fail instead of hanging if the broker is not reading
+	until (sysopen($fh, $self->{fifo}, O_WRONLY | O_NONBLOCK))
+	{
+		croak "test broker control FIFO not open: $!" if time() > $deadline;
+		usleep(20_000);
+	}
+	syswrite($fh, "$line\n") == length("$line\n")
+	  or croak "could not write to the test broker: $!";
+	close $fh;
+
+	while (1)
+	{
+		my @lines = split /\n/, slurp_or_empty($self->{out});
+		if (@lines > $self->{acked})
+		{
+			my $answer = $lines[ $self->{acked}++ ];
+			note "test broker: $line -> $answer";
+			croak "test broker refused \"$line\": $answer"
+			  unless $answer =~ /^ok\b/;
+			return $answer;
+		}
+		croak "test broker did not answer \"$line\"" if time() > $deadline;
+		usleep(20_000);
+	}
+}
+
+=pod
+
+=item $broker->stop
+
+SIGTERM, then wait for the process.
+
+=cut
+
+sub stop
+{
+	my ($self) = @_;
+	my $deadline = time() + 10;
+
+	return unless defined $self->{pid};
+	kill 'TERM', $self->{pid};
+	while ($self->alive)
+	{
+		if (time() > $deadline)
+		{
+			kill 'KILL', $self->{pid};
+			waitpid($self->{pid}, 0);
+			last;
+		}
+		usleep(20_000);
+	}
+	delete $self->{pid};
+	@running = grep { $_ != $self } @running;
+	return;
+}
+
+=pod
+
+=item $broker->alive
+
+Whether the broker process still runs (reaps it when it has exited).
+
+=cut
+
+sub alive
+{
+	my ($self) = @_;
+
+	return 0 unless defined $self->{pid};
+	return waitpid($self->{pid}, WNOHANG) == 0;
+}
+
+END
+{
+	# keep the test's exit status: waitpid() sets $?
+	my $status = $?;
+	# stop() takes each broker off @running: walk a copy
+	my @all = @running;
+	$_->stop foreach @all;
+	$? = $status;
+}
+
+=pod
+
+=back
+
+=cut
+
+1;
