@@ -54,6 +54,7 @@ typedef struct RelayEntry
 	Oid			dboid;
 	bool		wanted;			/* to probe, or known to have the extension */
 	bool		seen;			/* present in the last pg_database scan */
+	bool		reprobe;		/* CREATE EXTENSION came while a relay ran */
 	BackgroundWorkerHandle *handle;
 	TimestampTz next_start;
 } RelayEntry;
@@ -248,14 +249,24 @@ supervise(void)
 					no_extension = slot->no_extension;
 					SpinLockRelease(&slot->mutex);
 				}
-				if (no_extension)
+				/*
+				 * A relay that found no extension may have looked just before
+				 * a CREATE EXTENSION committed: then probe again.
+				 */
+				if (no_extension && !entry->reprobe)
 				{
 					entry->wanted = false;
 					OutboxSlotRelease(entry->dboid);
 					continue;
 				}
+				if (no_extension)
+				{
+					entry->reprobe = false;
+					entry->next_start = now;
+				}
+				else
+					entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 			}
-			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 		}
 		if (!entry->wanted)
 			continue;
@@ -319,6 +330,8 @@ OutboxLauncherMain(Datum main_arg)
 			entry->wanted = true;
 			entry->seen = true;
 			entry->next_start = 0;
+			if (entry->handle != NULL)
+				entry->reprobe = true;
 		}
 		if (TimestampDifferenceExceeds(last_scan, GetCurrentTimestamp(),
 									   OUTBOX_RESCAN_INTERVAL_MS))

@@ -276,7 +276,7 @@ extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit,
 								OutboxEvent **events, MemoryContext cxt);
-extern void OutboxStoreSavePage(OutboxBatch *batch, int64 last_id,
+extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
 extern void OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);

@@ -58,10 +58,30 @@ typedef enum PageResult
 	PAGE_ABANDONED				/* stopping before that */
 } PageResult;
 
+/*
+ * A page of events on its way: read, then sent, then settled, then
+ * recorded.  Two pages take turns: the one in hand and the one read ahead.
+ */
+typedef struct RelayPage
+{
+	MemoryContext cxt;
+	OutboxEvent *events;
+	int			n;
+	char	   *cur;			/* snapshot of the batch the page belongs to */
+	int64		last_id;		/* its last event id */
+	bool		done;			/* the last page of its batch */
+	int			sent;			/* events in its round under way */
+	int			retried;		/* of those, sent before */
+} RelayPage;
+
+static RelayPage pages[2];
+static RelayPage *in_hand = NULL;	/* sent, not yet settled */
+static RelayPage *ahead = NULL;	/* read, not yet sent */
+
 static OutboxSlot *relay_slot = NULL;
 static char *relay_dbname = NULL;
 static MemoryContext relay_cxt = NULL;
-static MemoryContext page_cxt = NULL;
+static MemoryContext page_cxt = NULL;	/* replay pages */
 static OutboxBatch batch;
 static bool batch_open = false;
 
@@ -469,47 +489,63 @@ held_back(OutboxEvent *events, int i, bool any_refused)
 }
 
 /*
- * deliver
- *		Publish events[0..n-1] until each is delivered, quarantined or
- *		parked.  Transient failures resend what is not delivered, in id
- *		order, after a backoff, as often as it takes; permanent failures
- *		count towards outbox.max_attempts; fatal ones rebuild the producer.
- *		Returns PAGE_ABANDONED when the relay must stop first.
+ * send_round
+ *		Hand librdkafka every event still pending, in id order, except those
+ *		held back behind a refused one of their aggregate.  Returns how many
+ *		went out; *retried counts those sent before.
+ */
+static int
+send_round(OutboxEvent *events, int n, int *retried)
+{
+	int			i;
+	int			sent = 0;
+	bool		any_refused = false;
+
+	*retried = 0;
+	for (i = 0; i < n; i++)
+		if (events[i].disposition == OUTBOX_EVENT_PENDING && events[i].attempts > 0)
+			any_refused = true;
+
+	/* a resend after a failure is still part of backing off */
+	if (backoff_ms == 0)
+		set_state(OUTBOX_RELAY_PUBLISHING);
+	for (i = 0; i < n; i++)
+	{
+		if (events[i].disposition != OUTBOX_EVENT_PENDING ||
+			held_back(events, i, any_refused))
+			continue;
+		OutboxProducerSend(producer, &events[i]);
+		sent++;
+		if (events[i].first_failed_at != 0)
+			(*retried)++;
+		if (refused_now(&events[i]))
+			any_refused = true;
+	}
+	return sent;
+}
+
+/*
+ * settle
+ *		Given a round already sent (sent events, retried of them resent),
+ *		collect its outcome, and send further rounds until each event is
+ *		delivered, quarantined or parked.  Transient failures resend what is
+ *		not delivered, in id order, after a backoff, as often as it takes;
+ *		permanent failures count towards outbox.max_attempts; fatal ones
+ *		rebuild the producer.  Returns PAGE_ABANDONED when the relay must
+ *		stop first.
  */
 static PageResult
-deliver(OutboxEvent *events, int n, bool replay)
+settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 {
 	for (;;)
 	{
 		int			i;
-		int			sent = 0;
-		int			retried = 0;
 		int			failed = 0;
 		OutboxDeliveryTally tally;
 		int			first_err = 0;
-		bool		any_refused = false;
 		bool		rebuild = false;
 		char		activity[64];
 
-		for (i = 0; i < n; i++)
-			if (events[i].disposition == OUTBOX_EVENT_PENDING && events[i].attempts > 0)
-				any_refused = true;
-
-		/* a resend after a failure is still part of backing off */
-		if (backoff_ms == 0)
-			set_state(OUTBOX_RELAY_PUBLISHING);
-		for (i = 0; i < n; i++)
-		{
-			if (events[i].disposition != OUTBOX_EVENT_PENDING ||
-				held_back(events, i, any_refused))
-				continue;
-			OutboxProducerSend(producer, &events[i]);
-			sent++;
-			if (events[i].first_failed_at != 0)
-				retried++;
-			if (refused_now(&events[i]))
-				any_refused = true;
-		}
 		if (sent == 0)
 			return PAGE_SETTLED;
 		snprintf(activity, sizeof(activity), "waiting for acknowledgement of %d events", sent);
@@ -521,7 +557,6 @@ deliver(OutboxEvent *events, int n, bool replay)
 		OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
 		if (retried > 0)
 			OutboxSlotCountRetries(relay_slot, retried);
-
 		memset(&tally, 0, sizeof(tally));
 		for (i = 0; i < n; i++)
 		{
@@ -570,7 +605,9 @@ deliver(OutboxEvent *events, int n, bool replay)
 		if (failed == 0)
 		{
 			backoff_ms = 0;
-			continue;			/* held-back events may remain */
+			/* held-back events may remain */
+			sent = send_round(events, n, &retried);
+			continue;
 		}
 		{
 			char		detail[200];
@@ -595,27 +632,34 @@ deliver(OutboxEvent *events, int n, bool replay)
 			if (ShutdownRequestPending)
 				return PAGE_ABANDONED;
 		}
+		sent = send_round(events, n, &retried);
 	}
 }
 
-/*
- * publish_page
- *		Read the next page of the batch, publish it, and record it (with
- *		its quarantined and parked events) once every event is settled.
- */
+/* deliver: send and settle events[0..n-1] (see settle) */
 static PageResult
-publish_page(void)
+deliver(OutboxEvent *events, int n, bool replay)
 {
-	OutboxEvent *events;
-	int			n;
-	int			i;
-	int			delivered = 0;
-	bool		done;
-	bool		has_dead = false;
-	bool		opened = false;
-	PageResult	result;
+	int			retried;
+	int			sent = send_round(events, n, &retried);
 
-	MemoryContextReset(page_cxt);
+	return settle(events, n, replay, sent, retried);
+}
+
+/*
+ * read_page
+ *		Read the next page of the open batch (opening one if none is) into
+ *		pg.  The reader moves on at once; the progress row moves only when
+ *		the page is settled (record_page).  Returns false when there is
+ *		nothing to read.
+ */
+static bool
+read_page(RelayPage *pg)
+{
+	bool		opened = false;
+
+	MemoryContextReset(pg->cxt);
+	pg->n = 0;
 
 	begin_txn("reading events");
 	if (!OutboxStoreExtensionPresent())
@@ -627,57 +671,26 @@ publish_page(void)
 		if (!OutboxStoreOpenBatch(&batch, relay_cxt))
 		{
 			end_txn();
-			OutboxSlotSetBacklog(relay_slot, true, 0, 0, 0);
-			return PAGE_EMPTY;
+			if (in_hand == NULL)
+				OutboxSlotSetBacklog(relay_slot, true, 0, 0, 0);
+			return false;
 		}
 		batch_open = true;
 		opened = true;
 	}
-	n = OutboxStoreReadPage(&batch, outbox_batch_size, &events, page_cxt);
+	pg->n = OutboxStoreReadPage(&batch, outbox_batch_size, &pg->events, pg->cxt);
 	end_txn();
+
 	OutboxSlotSetBacklog(relay_slot, opened, batch.remaining,
-						 n > 0 ? events[0].created_at : 0, n);
-
-	/* events of a blocked aggregate wait behind its quarantined head */
-	for (i = 0; i < n; i++)
+						 pg->n > 0 && in_hand == NULL ? pg->events[0].created_at : -1,
+						 pg->n);
+	pg->cur = MemoryContextStrdup(pg->cxt, batch.cur);
+	pg->last_id = pg->n > 0 ? pg->events[pg->n - 1].id : batch.last_id;
+	pg->done = pg->n < outbox_batch_size || pg->last_id >= batch.max_id;
+	batch.remaining -= pg->n;
+	if (pg->done)
 	{
-		OutboxBlocked *b = find_blocked(&events[i]);
-
-		if (b != NULL)
-		{
-			events[i].disposition = OUTBOX_EVENT_PARKED;
-			events[i].blocked_by = b->head;
-			events[i].requeue = b->replaying;
-		}
-	}
-
-	result = deliver(events, n, false);
-	if (result != PAGE_SETTLED)
-		return result;
-
-	for (i = 0; i < n; i++)
-	{
-		if (events[i].disposition == OUTBOX_EVENT_DELIVERED)
-			delivered++;
-		else
-			has_dead = true;
-		/* parked behind a head under replay: it joins the replay queue */
-		if (events[i].requeue)
-			replays_due = true;
-	}
-
-	done = (n < outbox_batch_size) || n == 0 || events[n - 1].id >= batch.max_id;
-	begin_txn("recording progress");
-	if (has_dead)
-		OutboxStoreRecordDeadLetters(events, n);
-	OutboxStoreSavePage(&batch, n > 0 ? events[n - 1].id : batch.last_id, delivered, done);
-	end_txn();
-
-	OutboxSlotCountPage(relay_slot);
-	batch.remaining -= n;
-	OutboxSlotSetBacklog(relay_slot, false, batch.remaining, done ? 0 : -1, 0);
-	if (done)
-	{
+		/* the next batch starts where this one ends, whatever is acked yet */
 		if (batch.prev != NULL)
 			pfree(batch.prev);
 		batch.prev = batch.cur;
@@ -686,7 +699,107 @@ publish_page(void)
 		batch_open = false;
 	}
 	else
-		batch.last_id = events[n - 1].id;
+		batch.last_id = pg->last_id;
+	return true;
+}
+
+/*
+ * send_page
+ *		Park the events of blocked aggregates, then send the first round of
+ *		the rest.  Decided now rather than when read: a page settled since
+ *		may have quarantined an aggregate.
+ */
+static void
+send_page(RelayPage *pg)
+{
+	int			i;
+
+	for (i = 0; i < pg->n; i++)
+	{
+		OutboxBlocked *b = find_blocked(&pg->events[i]);
+
+		if (b != NULL)
+		{
+			pg->events[i].disposition = OUTBOX_EVENT_PARKED;
+			pg->events[i].blocked_by = b->head;
+			pg->events[i].requeue = b->replaying;
+		}
+	}
+	pg->sent = send_round(pg->events, pg->n, &pg->retried);
+	in_hand = pg;
+}
+
+/*
+ * record_page
+ *		A settled page: record its quarantined and parked events and the
+ *		relay's progress, in one transaction.
+ */
+static void
+record_page(RelayPage *pg)
+{
+	int			i;
+	int			delivered = 0;
+	bool		has_dead = false;
+
+	for (i = 0; i < pg->n; i++)
+	{
+		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
+			delivered++;
+		else
+			has_dead = true;
+		/* parked behind a head under replay: it joins the replay queue */
+		if (pg->events[i].requeue)
+			replays_due = true;
+	}
+
+	begin_txn("recording progress");
+	if (has_dead)
+		OutboxStoreRecordDeadLetters(pg->events, pg->n);
+	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
+	end_txn();
+	OutboxSlotCountPage(relay_slot);
+}
+
+/*
+ * publish_page
+ *		Settle the page in hand (reading one first if there is none), and
+ *		record it.  While its acknowledgements travel the next page is read,
+ *		so the database and the network work at the same time; the next page
+ *		is sent only after this one is recorded, so that a crash re-sends at
+ *		most one page.
+ */
+static PageResult
+publish_page(void)
+{
+	RelayPage  *pg;
+	PageResult	result;
+
+	if (in_hand == NULL)
+	{
+		pg = ahead != NULL ? ahead : &pages[0];
+		if (ahead == NULL && !read_page(pg))
+			return PAGE_EMPTY;
+		ahead = NULL;
+		send_page(pg);
+	}
+	pg = in_hand;
+
+	if (ahead == NULL)
+	{
+		RelayPage  *next = (pg == &pages[0]) ? &pages[1] : &pages[0];
+
+		if (read_page(next))
+			ahead = next;
+	}
+
+	/* on shutdown, settle waits at most outbox.shutdown_timeout */
+	result = settle(pg->events, pg->n, false, pg->sent, pg->retried);
+	in_hand = NULL;
+	if (result != PAGE_SETTLED)
+		return result;
+	record_page(pg);
+	OutboxSlotSetBacklog(relay_slot, false, batch.remaining,
+						 ahead != NULL && ahead->n > 0 ? ahead->events[0].created_at : 0, 0);
 	return PAGE_SETTLED;
 }
 
@@ -825,9 +938,15 @@ OutboxRelayMain(Datum main_arg)
 	 * to the kernel, so draining a backlog does not fault fresh pages in
 	 * for every page (librdkafka's per-message allocations gain too).
 	 */
-	page_cxt = AllocSetContextCreate(relay_cxt, "outbox page",
+	page_cxt = AllocSetContextCreate(relay_cxt, "outbox replay page",
 									 RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY,
 									 ALLOCSET_DEFAULT_MAXSIZE);
+	pages[0].cxt = AllocSetContextCreate(relay_cxt, "outbox page",
+										 RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY,
+										 ALLOCSET_DEFAULT_MAXSIZE);
+	pages[1].cxt = AllocSetContextCreate(relay_cxt, "outbox page",
+										 RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY,
+										 ALLOCSET_DEFAULT_MAXSIZE);
 	mallopt(M_TRIM_THRESHOLD, RELAY_MALLOC_KEEP);
 	mallopt(M_MMAP_THRESHOLD, RELAY_MALLOC_KEEP);
 	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",

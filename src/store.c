@@ -413,7 +413,7 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
  *		with batch_done, the batch is complete and prev moves to cur.
  */
 void
-OutboxStoreSavePage(OutboxBatch *batch, int64 last_id, int count, bool batch_done)
+OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 {
 	static SPIPlanPtr page_plan = NULL;
 	static SPIPlanPtr done_plan = NULL;
@@ -450,7 +450,7 @@ OutboxStoreSavePage(OutboxBatch *batch, int64 last_id, int count, bool batch_don
 		SPI_keepplan(plan);
 		*planp = plan;
 	}
-	values[0] = CStringGetTextDatum(batch->cur);
+	values[0] = CStringGetTextDatum(cur);
 	values[1] = Int64GetDatum(count);
 	values[2] = Int64GetDatum(last_id);
 	rc = SPI_execute_plan(*planp, values, NULL, false, 0);
