@@ -226,7 +226,7 @@ OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
 	int			i;
 	static const char *const defaults[][2] = {
 		{"enable.idempotence", "true"},
-		{"linger.ms", "5"},
+		{"linger.ms", "1"},
 		{"batch.num.messages", "10000"},
 		{"queue.buffering.max.messages", "1000000"},
 		{"queue.buffering.max.kbytes", "1048576"},

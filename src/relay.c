@@ -930,6 +930,14 @@ OutboxRelayMain(Datum main_arg)
 	/* the relay's statements name every object; nothing else may resolve */
 	SetConfigOption("search_path", "pg_catalog", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * The batch-bounds query is planned with plain scans disabled, which
+	 * inflates its cost estimate far past jit_above_cost: compiling it would
+	 * add milliseconds to every wake-up for a query that runs in
+	 * microseconds.
+	 */
+	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
+
 	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 									  ALLOCSET_DEFAULT_SIZES);
 	/*
