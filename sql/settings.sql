@@ -17,6 +17,22 @@ ALTER SYSTEM SET outbox.kafka_config = 'sasl.password=hunter2;acks=banana';
 ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5; compression.codec=lz4; acks=all';
 ALTER SYSTEM RESET outbox.kafka_config;
 
+-- credentials belong in a file: PostgreSQL logs a changed setting's value
+-- (relative paths are from the data directory)
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'no_such_file.conf';
+SELECT current_setting('data_directory') AS datadir \gset
+\set secrets_ok :datadir '/outbox_secrets_ok.conf'
+\set secrets_bad :datadir '/outbox_secrets_bad.conf'
+\set secrets_semicolon :datadir '/outbox_secrets_semicolon.conf'
+COPY (SELECT '# Kafka credentials' UNION ALL SELECT 'sasl.username=outbox'
+      UNION ALL SELECT 'sasl.password=hunter2') TO :'secrets_ok';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_ok.conf';
+COPY (SELECT 'sasl.password=hunter2' UNION ALL SELECT 'acks=banana') TO :'secrets_bad';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_bad.conf';
+COPY (SELECT 'sasl.password=hunter2;acks=all') TO :'secrets_semicolon';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_semicolon.conf';
+ALTER SYSTEM RESET outbox.kafka_secrets_file;
+
 ALTER SYSTEM SET outbox.batch_size = 0;
 \echo :LAST_ERROR_SQLSTATE
 ALTER SYSTEM SET outbox.poll_interval = '1ms';

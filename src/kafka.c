@@ -25,6 +25,8 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "storage/fd.h"
+
 #include "outbox.h"
 
 struct OutboxProducer
@@ -209,15 +211,87 @@ OutboxProducerBrokersUp(OutboxProducer *producer)
 	return producer->brokers_up;
 }
 
+#define SECRETS_FILE_MAX (64 * 1024)
+
+/*
+ * OutboxKafkaReadSecrets
+ *		Read the outbox.kafka_secrets_file: librdkafka properties, one
+ *		key=value per line, '#' starting a comment line.  Returns them as
+ *		"k=v;k=v" (palloc'd), or NULL with *errmsg set; neither the result
+ *		nor any message shows a value.
+ */
+char *
+OutboxKafkaReadSecrets(const char *path, char **errmsg)
+{
+	FILE	   *f;
+	StringInfoData out;
+	char		line[4096];
+	int			lineno = 0;
+
+	f = AllocateFile(path, "r");
+	if (f == NULL)
+	{
+		*errmsg = psprintf("Could not open \"%s\": %m.", path);
+		return NULL;
+	}
+	initStringInfo(&out);
+	while (fgets(line, sizeof(line), f) != NULL)
+	{
+		char	   *p = line;
+		size_t		len;
+
+		lineno++;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		len = strcspn(p, "\r\n");
+		p[len] = '\0';
+		if (*p == '\0' || *p == '#')
+			continue;
+		if (strchr(p, ';') != NULL)
+		{
+			FreeFile(f);
+			*errmsg = psprintf("Line %d of \"%s\" contains \";\": write one property per line.",
+							   lineno, path);
+			return NULL;
+		}
+		if (out.len + len > SECRETS_FILE_MAX)
+		{
+			FreeFile(f);
+			*errmsg = psprintf("\"%s\" is larger than %d bytes.", path, SECRETS_FILE_MAX);
+			return NULL;
+		}
+		appendStringInfo(&out, "%s%s", out.len > 0 ? ";" : "", p);
+	}
+	FreeFile(f);
+	return out.data;
+}
+
+/*
+ * OutboxKafkaCheckSecretsFile
+ *		Check hook body for outbox.kafka_secrets_file: readable, and every
+ *		property in it accepted by librdkafka.  Never throws.
+ */
+bool
+OutboxKafkaCheckSecretsFile(const char *path, char **detail)
+{
+	char	   *text;
+
+	if (path == NULL || path[0] == '\0')
+		return true;
+	text = OutboxKafkaReadSecrets(path, detail);
+	return text != NULL && OutboxKafkaCheckConfig(text, detail);
+}
+
 /*
  * OutboxProducerCreate
  *		Build an idempotent producer for brokers with the extra properties
- *		conf.  Returns NULL and a message in *errmsg on failure.  The result
- *		is malloc'd: it outlives memory contexts and is freed only by
- *		OutboxProducerDestroy.
+ *		conf, then secrets (the secrets file's, or NULL).  Returns NULL and
+ *		a message in *errmsg on failure.  The result is malloc'd: it outlives
+ *		memory contexts and is freed only by OutboxProducerDestroy.
  */
 OutboxProducer *
-OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
+OutboxProducerCreate(const char *brokers, const char *conftext,
+					 const char *secrets, char **errmsg)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	OutboxProducer *producer;
@@ -234,6 +308,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
 		{"log.queue", "true"},
 		{"client.id", "outbox-relay"},
 		{"statistics.interval.ms", "5000"},
+		/* an outage shows as failures (and backoff) after 30 s, not 5 min */
+		{"message.timeout.ms", "30000"},
 	};
 
 	for (i = 0; i < lengthof(defaults); i++)
@@ -247,7 +323,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext, char **errmsg)
 		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
 		return NULL;
 	}
-	if (!apply_config(conf, conftext, &detail))
+	if (!apply_config(conf, conftext, &detail) ||
+		(secrets != NULL && !apply_config(conf, secrets, &detail)))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = detail;

@@ -30,6 +30,7 @@ char	   *outbox_traceparent = NULL;
 char	   *outbox_tenant = NULL;
 char	   *outbox_kafka_brokers = NULL;
 char	   *outbox_kafka_config = NULL;
+char	   *outbox_kafka_secrets_file = NULL;
 int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
 int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
@@ -88,6 +89,17 @@ check_kafka_config(char **newval, void **extra, GucSource source)
 	return false;
 }
 
+static bool
+check_kafka_secrets_file(char **newval, void **extra, GucSource source)
+{
+	char	   *detail = NULL;
+
+	if (OutboxKafkaCheckSecretsFile(*newval, &detail))
+		return true;
+	GUC_check_errdetail("%s", detail);
+	return false;
+}
+
 void
 _PG_init(void)
 {
@@ -140,9 +152,19 @@ _PG_init(void)
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
 							   NULL, NULL, NULL);
 
+	DefineCustomStringVariable("outbox.kafka_secrets_file",
+							   "File of librdkafka properties that are secrets, one key=value per line.",
+							   "Read by the relays when they build their producer and at reload; "
+							   "its contents are never shown or logged.",
+							   &outbox_kafka_secrets_file,
+							   "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
+							   check_kafka_secrets_file, NULL, NULL);
+
 	DefineCustomStringVariable("outbox.kafka_config",
 							   "Extra librdkafka producer properties, as key=value;key=value.",
-							   "May carry credentials: readable by superusers only and never logged.",
+							   "Readable by superusers only.  PostgreSQL logs a changed value at reload: "
+							   "keep credentials in outbox.kafka_secrets_file.",
 							   &outbox_kafka_config,
 							   "",
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
@@ -220,13 +242,14 @@ _PG_init(void)
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
-	MarkGUCPrefixReserved("outbox");
-
 	OutboxEmitInit();
 
 	/* a PGC_POSTMASTER setting can only be defined while preloading */
 	if (!process_shared_preload_libraries_in_progress)
+	{
+		MarkGUCPrefixReserved("outbox");
 		return;
+	}
 
 	DefineCustomIntVariable("outbox.max_databases",
 							"Databases that can run a relay at the same time.",
@@ -235,6 +258,9 @@ _PG_init(void)
 							OUTBOX_MAX_DATABASES_DEFAULT, 1, OUTBOX_MAX_DATABASES_MAX,
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
+
+	/* only now: reserving the prefix drops settings not yet defined */
+	MarkGUCPrefixReserved("outbox");
 
 
 	OutboxShmemInstallHooks();

@@ -63,6 +63,7 @@ extern char *outbox_traceparent;
 extern char *outbox_tenant;
 extern char *outbox_kafka_brokers;
 extern char *outbox_kafka_config;
+extern char *outbox_kafka_secrets_file;
 extern int	outbox_batch_size;
 extern int	outbox_poll_interval;
 extern bool outbox_enabled;
@@ -238,8 +239,11 @@ typedef struct OutboxEvent
 #define OUTBOX_EVENT_PARKED			3
 
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
+extern char *OutboxKafkaReadSecrets(const char *path, char **errmsg);
+extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
 extern OutboxProducer *OutboxProducerCreate(const char *brokers,
-											const char *conf, char **errmsg);
+											const char *conf, const char *secrets,
+											char **errmsg);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
 extern int	OutboxProducerEventFd(OutboxProducer *producer);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);

@@ -88,6 +88,9 @@ static bool batch_open = false;
 static OutboxProducer *producer = NULL;
 static char *producer_brokers = NULL;
 static char *producer_config = NULL;
+static char *producer_secrets = NULL;	/* as used by the producer */
+static char *current_secrets = NULL;	/* the secrets file as last read */
+static char *secrets_error = NULL;	/* why it could not be read */
 
 static int	backoff_ms = 0;
 static TimestampTz last_error_log = 0;
@@ -206,12 +209,34 @@ drain_producer_errors(void)
 		report_error("Kafka client error", buf);
 }
 
+/*
+ * read_secrets
+ *		Read outbox.kafka_secrets_file (at start and after each reload) into
+ *		current_secrets; its contents stay in this process's memory only.
+ */
+static void
+read_secrets(void)
+{
+	char	   *message = NULL;
+	char	   *text = NULL;
+
+	if (outbox_kafka_secrets_file[0] != '\0')
+		text = OutboxKafkaReadSecrets(outbox_kafka_secrets_file, &message);
+	if (current_secrets != NULL)
+		pfree(current_secrets);
+	if (secrets_error != NULL)
+		pfree(secrets_error);
+	current_secrets = MemoryContextStrdup(relay_cxt, text ? text : "");
+	secrets_error = message ? MemoryContextStrdup(relay_cxt, message) : NULL;
+}
+
 static bool
 producer_settings_changed(void)
 {
 	return producer != NULL &&
 		(strcmp(producer_brokers, outbox_kafka_brokers) != 0 ||
-		 strcmp(producer_config, outbox_kafka_config) != 0);
+		 strcmp(producer_config, outbox_kafka_config) != 0 ||
+		 strcmp(producer_secrets, current_secrets) != 0);
 }
 
 static void
@@ -221,6 +246,7 @@ drop_producer(void)
 	producer = NULL;
 	pfree(producer_brokers);
 	pfree(producer_config);
+	pfree(producer_secrets);
 }
 
 /*
@@ -249,7 +275,13 @@ ensure_producer(void)
 	if (producer != NULL)
 		return true;
 
-	producer = OutboxProducerCreate(outbox_kafka_brokers, outbox_kafka_config, &message);
+	if (secrets_error != NULL)
+	{
+		report_error("could not create the Kafka producer", secrets_error);
+		return false;
+	}
+	producer = OutboxProducerCreate(outbox_kafka_brokers, outbox_kafka_config,
+									current_secrets, &message);
 	if (producer == NULL)
 	{
 		report_error("could not create the Kafka producer", message);
@@ -257,6 +289,7 @@ ensure_producer(void)
 	}
 	producer_brokers = MemoryContextStrdup(relay_cxt, outbox_kafka_brokers);
 	producer_config = MemoryContextStrdup(relay_cxt, outbox_kafka_config);
+	producer_secrets = MemoryContextStrdup(relay_cxt, current_secrets);
 	return true;
 }
 
@@ -267,6 +300,8 @@ process_reload(void)
 	{
 		ConfigReloadPending = false;
 		ProcessConfigFile(PGC_SIGHUP);
+		/* a rewritten secrets file counts as changed settings */
+		read_secrets();
 	}
 }
 
@@ -547,7 +582,11 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 		char		activity[64];
 
 		if (sent == 0)
+		{
+			/* settled, if only by quarantine: no longer backing off */
+			backoff_ms = 0;
 			return PAGE_SETTLED;
+		}
 		snprintf(activity, sizeof(activity), "waiting for acknowledgement of %d events", sent);
 		pgstat_report_activity(STATE_RUNNING, activity);
 		if (!wait_for_acks())
@@ -960,6 +999,8 @@ OutboxRelayMain(Datum main_arg)
 	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",
 										ALLOCSET_SMALL_SIZES);
 
+	read_secrets();
+
 	begin_txn("loading progress");
 	relay_dbname = MemoryContextStrdup(relay_cxt, get_database_name(dboid));
 	if (!OutboxStoreExtensionPresent())
@@ -975,7 +1016,9 @@ OutboxRelayMain(Datum main_arg)
 					   outbox_poll_interval, outbox_enabled ? "on" : "off",
 					   outbox_max_attempts,
 					   outbox_poison_policy == OUTBOX_POISON_BLOCK ? "block" : "skip",
-					   outbox_kafka_config[0] ? "(set, not shown)" : "(empty)")));
+					   outbox_kafka_config[0] ? "(set, not shown)" : "(empty)"),
+			 outbox_kafka_secrets_file[0] ?
+			 errhint("Kafka secrets are read from \"%s\".", outbox_kafka_secrets_file) : 0));
 
 	while (!ShutdownRequestPending)
 	{
