@@ -37,6 +37,8 @@ struct OutboxProducer
 	char		error[256];		/* last error/log line worth reporting */
 	int			error_count;	/* errors since the relay last took one */
 	int			brokers_up;		/* from the last statistics, -1 unknown */
+	int			ntopics;		/* topics whose metadata was fetched */
+	rd_kafka_topic_t **topics;
 };
 
 /* properties outbox owns; setting them in outbox.kafka_config is refused */
@@ -384,9 +386,14 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 void
 OutboxProducerDestroy(OutboxProducer *producer)
 {
+	int			i;
+
 	if (producer == NULL)
 		return;
 	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+	for (i = 0; i < producer->ntopics; i++)
+		rd_kafka_topic_destroy(producer->topics[i]);
+	free(producer->topics);
 	rd_kafka_destroy(producer->rk);
 	close(producer->pipefd[0]);
 	close(producer->pipefd[1]);
@@ -404,6 +411,43 @@ OutboxProducerEventFd(OutboxProducer *producer)
 	return producer->pipefd[0];
 }
 
+#define TOPIC_METADATA_TIMEOUT_MS 1000
+
+/*
+ * know_topic
+ *		Fetch a topic's metadata the first time this producer meets it.
+ *		librdkafka 2.0 otherwise finds an unknown topic's partitions only at
+ *		its next periodic scan, up to a second later, and every message for
+ *		it waits.  One round trip per topic per producer, bounded.
+ */
+static void
+know_topic(OutboxProducer *producer, const char *topic)
+{
+	rd_kafka_topic_t *rkt;
+	const struct rd_kafka_metadata *md;
+	rd_kafka_topic_t **grown;
+	int			i;
+
+	for (i = producer->ntopics - 1; i >= 0; i--)
+		if (strcmp(rd_kafka_topic_name(producer->topics[i]), topic) == 0)
+			return;
+	rkt = rd_kafka_topic_new(producer->rk, topic, NULL);
+	if (rkt == NULL)
+		return;
+	grown = realloc(producer->topics, sizeof(rd_kafka_topic_t *) * (producer->ntopics + 1));
+	if (grown == NULL)
+	{
+		rd_kafka_topic_destroy(rkt);
+		return;
+	}
+	producer->topics = grown;
+	producer->topics[producer->ntopics++] = rkt;
+	/* failure is harmless: the periodic scan finds it later */
+	if (rd_kafka_metadata(producer->rk, 0, rkt, &md, TOPIC_METADATA_TIMEOUT_MS) ==
+		RD_KAFKA_RESP_ERR_NO_ERROR)
+		rd_kafka_metadata_destroy(md);
+}
+
 static rd_kafka_resp_err_t
 add_header(rd_kafka_headers_t *hdrs, const char *name, const char *value)
 {
@@ -419,11 +463,17 @@ add_header(rd_kafka_headers_t *hdrs, const char *name, const char *value)
 void
 OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 {
-	rd_kafka_headers_t *hdrs = rd_kafka_headers_new(9 + event->nheaders);
+	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
 	char		num[32];
 	int			i;
 
+	/* a page is mostly one topic: compare with the last one first */
+	if (producer->ntopics == 0 ||
+		strcmp(rd_kafka_topic_name(producer->topics[producer->ntopics - 1]), event->topic) != 0)
+		know_topic(producer, event->topic);
+
+	hdrs = rd_kafka_headers_new(9 + event->nheaders);
 	add_header(hdrs, "id", event->event_id);
 	add_header(hdrs, "event_type", event->event_type);
 	add_header(hdrs, "aggregate_type", event->aggregate_type);

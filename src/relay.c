@@ -352,7 +352,7 @@ wait_for_acks(void)
 
 		/*
 		 * librdkafka retries an outage by itself for up to
-		 * message.timeout.ms (5 minutes by default) before any delivery
+		 * message.timeout.ms (30 s unless configured) before any delivery
 		 * report arrives: report its errors and the brokers it reaches
 		 * while that lasts, not only once the page is settled.
 		 */
@@ -909,15 +909,19 @@ idle_cleanup(void)
 /*
  * idle_wait
  *		Sleep until a commit or signal sets the latch or the safety poll is
- *		due.  librdkafka's statistics and errors arriving meanwhile are
- *		served without ending the wait: they run no query.
+ *		due; returns whether the latch was set.  librdkafka's statistics,
+ *		errors and logs arriving meanwhile are served without ending the
+ *		wait: they run no query, and unserved they would pile up.
  */
-static void
+static bool
 idle_wait(void)
 {
 	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													outbox_poll_interval);
+	bool		latched = false;
 
+	if (producer == NULL)
+		return sleep_ms(outbox_poll_interval);
 	for (;;)
 	{
 		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
@@ -936,10 +940,13 @@ idle_wait(void)
 			drain_producer_errors();
 			OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
 		}
+		latched = (rc & WL_LATCH_SET) != 0;
 		if (rc & (WL_LATCH_SET | WL_TIMEOUT))
 			break;
 	}
 	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+	return latched;
 }
 
 /*
@@ -1030,14 +1037,15 @@ OutboxRelayMain(Datum main_arg)
 		if (!outbox_enabled || outbox_kafka_brokers[0] == '\0')
 		{
 			set_state(outbox_enabled ? OUTBOX_RELAY_NOT_CONFIGURED : OUTBOX_RELAY_PAUSED);
-			if (producer != NULL)
+			/* a paused relay keeps its connections, to resume at once */
+			if (producer != NULL && outbox_kafka_brokers[0] == '\0')
 				drop_producer();
 			/*
 			 * A paused relay reads no page, which is where it would notice
 			 * DROP EXTENSION; that commit sets the latch, so look when woken
 			 * rather than linger in a database without outbox.
 			 */
-			if (sleep_ms(outbox_poll_interval))
+			if (idle_wait())
 				check_extension();
 			continue;
 		}
@@ -1066,7 +1074,7 @@ OutboxRelayMain(Datum main_arg)
 			set_state(OUTBOX_RELAY_IDLE);
 			drain_producer_errors();
 			idle_cleanup();
-			idle_wait();
+			(void) idle_wait();
 		}
 		/* after a settled page the batch may have more: go on at once */
 	}
