@@ -10,6 +10,7 @@ ALTER SYSTEM SET outbox.kafka_config = 'no.such.property=1';
 ALTER SYSTEM SET outbox.kafka_config = 'linger.ms';
 ALTER SYSTEM SET outbox.kafka_config = 'bootstrap.servers=x:9092';
 ALTER SYSTEM SET outbox.kafka_config = 'enable.idempotence=false';
+ALTER SYSTEM SET outbox.kafka_config = 'message.timeout.ms=5000';
 -- a secret's value never appears in the error
 ALTER SYSTEM SET outbox.kafka_config = 'sasl.mechanisms=PLAIN;ssl.key.password';
 ALTER SYSTEM SET outbox.kafka_config = 'sasl.password=hunter2;acks=banana';

@@ -50,11 +50,14 @@ static const char *const reserved_properties[][2] = {
 	/*
 	 * A batch that runs out of retries fails while the later batches of its
 	 * partition go through, so the relay's resend would land behind them
-	 * (test/t/102_request_errors.pl).  librdkafka's default retries until
-	 * message.timeout.ms.
+	 * (test/t/102_request_errors.pl); so does a message timeout that fails
+	 * part of a partition's queue.  librdkafka retries without end here,
+	 * and the relay withdraws a whole round after outbox.delivery_timeout.
 	 */
-	{"message.send.max.retries", "The relay's ordering promise needs librdkafka to retry until message.timeout.ms."},
-	{"retries", "The relay's ordering promise needs librdkafka to retry until message.timeout.ms."},
+	{"message.send.max.retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
+	{"retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
+	{"message.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
+	{"delivery.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
 	{"log.queue", "The relay serves librdkafka logs from its own thread."},
 };
 
@@ -310,8 +313,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		{"log.queue", "true"},
 		{"client.id", "outbox-relay"},
 		{"statistics.interval.ms", "5000"},
-		/* an outage shows as failures (and backoff) after 30 s, not 5 min */
-		{"message.timeout.ms", "30000"},
+		/* the relay bounds each round itself (relay.c), and purges */
+		{"message.timeout.ms", "0"},
 	};
 
 	for (i = 0; i < lengthof(defaults); i++)

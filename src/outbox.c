@@ -41,6 +41,7 @@ int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
 int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
 int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
+int			outbox_delivery_timeout = OUTBOX_DELIVERY_TIMEOUT_DEFAULT;
 
 static const struct config_enum_entry poison_policy_options[] = {
 	{"block", OUTBOX_POISON_BLOCK, false},
@@ -215,6 +216,15 @@ _PG_init(void)
 							NULL,
 							&outbox_retry_backoff_max,
 							OUTBOX_BACKOFF_MAX_DEFAULT, 1, OUTBOX_BACKOFF_LIMIT,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.delivery_timeout",
+							"How long a relay waits for a round of messages to be acknowledged.",
+							"Then everything not acknowledged is withdrawn and sent again, in order, "
+							"after a backoff.",
+							&outbox_delivery_timeout,
+							OUTBOX_DELIVERY_TIMEOUT_DEFAULT, 100, OUTBOX_BACKOFF_LIMIT,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

@@ -35,6 +35,7 @@
 #define OUTBOX_BACKOFF_MAX_DEFAULT	30000
 #define OUTBOX_BACKOFF_LIMIT		3600000
 #define OUTBOX_MAX_ATTEMPTS_DEFAULT 5
+#define OUTBOX_DELIVERY_TIMEOUT_DEFAULT 30000
 #define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
 #define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
 
@@ -74,6 +75,7 @@ extern int	outbox_retry_backoff_max;
 extern int	outbox_max_attempts;
 extern int	outbox_poison_policy;
 extern int	outbox_retention;
+extern int	outbox_delivery_timeout;
 
 /* emit.c */
 extern bool OutboxTopicNameIsLegal(const char *name, int len);

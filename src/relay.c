@@ -50,6 +50,7 @@
 #define RELAY_PAGE_MEMORY		(4 * 1024 * 1024)
 #define RELAY_MALLOC_KEEP		(64 * 1024 * 1024)
 #define RELAY_ACK_POLL_MS		1000
+#define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
 
 typedef enum PageResult
 {
@@ -199,6 +200,20 @@ report_error(const char *what, const char *detail)
 	}
 }
 
+/*
+ * note_error
+ *		Show a condition in status() without a log line: the failures it
+ *		leads to are logged by report_error.
+ */
+static void
+note_error(const char *what, const char *detail)
+{
+	char		line[256];
+
+	snprintf(line, sizeof(line), "%s: %s", what, detail);
+	OutboxSlotCountError(relay_slot, line);
+}
+
 static void
 drain_producer_errors(void)
 {
@@ -316,10 +331,49 @@ static bool
 wait_for_acks(void)
 {
 	TimestampTz deadline = 0;
+	TimestampTz started = GetCurrentTimestamp();
+	TimestampTz give_up = TimestampTzPlusMilliseconds(started, outbox_delivery_timeout);
+	TimestampTz last_stall_report = 0;
 
 	while (OutboxProducerServe(producer) > 0)
 	{
 		long		timeout = RELAY_ACK_POLL_MS;
+
+		/*
+		 * The round's deadline is the relay's, not librdkafka's: a message
+		 * timeout could fail part of a partition's queue and let the rest
+		 * through, out of order.  Purging fails everything not yet
+		 * acknowledged at once, and the resend goes out in id order.
+		 */
+		if (GetCurrentTimestamp() >= give_up)
+		{
+			char		detail[128];
+
+			snprintf(detail, sizeof(detail),
+					 "outbox.delivery_timeout (%d ms) passed with %d brokers up",
+					 outbox_delivery_timeout, OutboxProducerBrokersUp(producer));
+			note_error("Kafka did not acknowledge in time, resending", detail);
+			OutboxProducerPurge(producer);
+			give_up = PG_INT64_MAX;
+		}
+		else if (TimestampDifferenceExceeds(last_stall_report, GetCurrentTimestamp(),
+											RELAY_STALL_REPORT_MS) &&
+				 TimestampDifferenceExceeds(started, GetCurrentTimestamp(),
+											RELAY_STALL_REPORT_MS))
+		{
+			/*
+			 * librdkafka retries an outage quietly; say that acknowledgements
+			 * are overdue well before the round is given up.
+			 */
+			char		detail[128];
+
+			snprintf(detail, sizeof(detail), "%d messages unacknowledged for %ld ms, %d brokers up",
+					 OutboxProducerServe(producer),
+					 (long) TimestampDifferenceMilliseconds(started, GetCurrentTimestamp()),
+					 OutboxProducerBrokersUp(producer));
+			note_error("waiting for Kafka", detail);
+			last_stall_report = GetCurrentTimestamp();
+		}
 
 		if (ShutdownRequestPending)
 		{
@@ -651,9 +705,10 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 		{
 			char		detail[200];
 
-			snprintf(detail, sizeof(detail), "%d of %d events failed, first with %s (%s)",
+			snprintf(detail, sizeof(detail), "%d of %d events failed, first with %s (%s); %d brokers up",
 					 failed, sent, OutboxDeliveryErrorName(first_err),
-					 OutboxErrorClassName(OutboxDeliveryErrorClass(first_err)));
+					 OutboxErrorClassName(OutboxDeliveryErrorClass(first_err)),
+					 OutboxProducerBrokersUp(producer));
 			report_error("could not publish events, retrying", detail);
 		}
 		if (rebuild && producer != NULL)

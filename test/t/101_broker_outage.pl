@@ -20,13 +20,13 @@ use OutboxDrill;
 
 my $outage = 20;    # seconds
 
-# message.timeout.ms: librdkafka gives up on a message after 3 s, so the
-# relay itself sees the outage (delivery failures) and backs off.
+# outbox.delivery_timeout: the relay withdraws an unacknowledged round
+# after 3 s, so it sees the outage (delivery failures) and backs off.
 my $kafka = OutboxTest::Broker->start(brokers => 3);
 my $node = outbox_node(
 	'outage', $kafka,
-	kafka_config => "$OutboxTest::TEST_KAFKA_CONFIG;message.timeout.ms=3000",
 	conf => q{
+outbox.delivery_timeout = '3s'
 outbox.retry_backoff_min = '100ms'
 outbox.retry_backoff_max = '2s'
 });
@@ -62,7 +62,7 @@ note 'relay states seen during the outage: '
 ok($states{'backing off'}, 'during the outage the relay reports that it is backing off');
 cmp_ok($status->{transient_failures}, '>', 0,
 	"status counts transient failures ($status->{transient_failures})");
-like($status->{last_error} // '', qr/could not publish|Kafka client error/,
+like($status->{last_error} // '', qr/could not publish|Kafka client error|waiting for Kafka|did not acknowledge/,
 	'status shows the last error: ' . ($status->{last_error} // 'none'));
 is($status->{quarantined}, 0, 'a broker outage quarantines nothing');
 
@@ -91,14 +91,13 @@ diag(sprintf(
 		'broker outage: %d s down; backlog at "up" %d events, delivered %.1f s later: %.0f events/s during recovery',
 		$outage, $backlog, $drain, $rate));
 
-# --- a second, short outage (6 s) with the default message.timeout.ms
-# (30 s): librdkafka retries by itself and no delivery report comes back
-# meanwhile, yet the operator must see the outage while it lasts.
+# --- a second, short outage (6 s) with the default outbox.delivery_timeout
+# (30 s): no delivery report comes back meanwhile, yet the operator must see
+# the outage while it lasts.
 ok( set_and_reload(
-		$node, 'postgres', 'outbox.kafka_config',
-		$OutboxTest::TEST_KAFKA_CONFIG,
-		qr/Kafka settings changed, rebuilding the producer/),
-	'the Kafka settings go back to the defaults (reload)');
+		$node, 'postgres', 'outbox.delivery_timeout', '30s',
+		qr/parameter "outbox.delivery_timeout" changed/),
+	'the delivery timeout goes back to the default (reload)');
 usleep(1_000_000);
 $kafka->command('down all');
 my $t_down2 = time();

@@ -20,10 +20,9 @@ use OutboxTest;
 my $topic = 'outbox.event.parcel';
 my $kafka = OutboxTest::Broker->start(brokers => 3);
 
-# messages time out after 2 s instead of librdkafka's 5 minutes, so that a
-# delivery fails (and is counted) while the brokers are down
-my $node = outbox_node('down', $kafka,
-	kafka_config => "$OutboxTest::TEST_KAFKA_CONFIG;message.timeout.ms=2000");
+# the relay withdraws a round after 2 s instead of 30, so that a delivery
+# fails (and is counted) while the brokers are down
+my $node = outbox_node('down', $kafka, conf => "outbox.delivery_timeout = '2s'");
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 my ($pid) = wait_for_relay($node, 'postgres', 30);
 ok(defined $pid, 'the relay runs');
