@@ -459,22 +459,6 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 	SPI_finish();
 }
 
-static const char *
-class_name(OutboxErrorClass c)
-{
-	switch (c)
-	{
-		case OUTBOX_ERROR_TRANSIENT:
-			return "transient";
-		case OUTBOX_ERROR_PERMANENT:
-			return "permanent";
-		case OUTBOX_ERROR_FATAL:
-			return "fatal";
-		default:
-			return NULL;
-	}
-}
-
 /*
  * OutboxStoreRecordDeadLetters
  *		Record the quarantined and parked events of a page (with a copy of
@@ -532,7 +516,8 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 		Datum		values[8];
 		char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 		const char *state;
-		const char *cls = class_name(ev->last_class);
+		const char *cls = ev->last_class == OUTBOX_ERROR_NONE ? NULL :
+			OutboxErrorClassName(ev->last_class);
 
 		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
 			state = "quarantined";
