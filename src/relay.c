@@ -51,6 +51,7 @@
 #define RELAY_MALLOC_KEEP		(64 * 1024 * 1024)
 #define RELAY_ACK_POLL_MS		1000
 #define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
+#define RELAY_RELOAD_GRACE_MS	2000	/* in flight at a settings change */
 
 typedef enum PageResult
 {
@@ -412,9 +413,16 @@ wait_for_acks(void)
 		 */
 		drain_producer_errors();
 		OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));
-		/* new Kafka settings: give up on the old producer, resend on the new */
+		/*
+		 * New Kafka settings: what is in flight gets a short grace to be
+		 * acknowledged by the old producer (purging it at once would resend
+		 * messages the brokers already have); then the round is withdrawn
+		 * and resent on the new one.
+		 */
 		if (producer_settings_changed())
-			OutboxProducerPurge(producer);
+			give_up = Min(give_up,
+						  TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													  RELAY_RELOAD_GRACE_MS));
 	}
 	return true;
 }
