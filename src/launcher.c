@@ -454,7 +454,7 @@ utility_xact_callback(XactEvent event, void *arg)
 		if (probe_at_commit)
 			OutboxRequestProbe(MyDatabaseId);
 		if (wake_at_commit)
-			OutboxWakeRelay(MyDatabaseId, false, 0);
+			OutboxRequestExtensionCheck(MyDatabaseId);
 	}
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)

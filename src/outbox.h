@@ -124,6 +124,7 @@ typedef struct OutboxSlot
 	OutboxRelayState state;
 	bool		no_extension;	/* last relay found no extension */
 	bool		replay_pending; /* a commit queued replays */
+	bool		check_extension;	/* DROP EXTENSION committed */
 	TimestampTz hold_until;		/* launcher must not start a relay before */
 	TimestampTz started_at;
 
@@ -163,6 +164,8 @@ extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
 extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
 extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
+extern void OutboxRequestExtensionCheck(Oid dboid);
+extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxRequestProbe(Oid dboid);
 extern bool OutboxLauncherAttach(void);
 extern int	OutboxLauncherTakeRequests(Oid *out, int max);

@@ -1105,10 +1105,11 @@ OutboxRelayMain(Datum main_arg)
 				drop_producer();
 			/*
 			 * A paused relay reads no page, which is where it would notice
-			 * DROP EXTENSION; that commit sets the latch, so look when woken
-			 * rather than linger in a database without outbox.
+			 * DROP EXTENSION; that commit asks it to look (every emitting
+			 * commit sets the latch too, and must not cost a transaction).
 			 */
-			if (idle_wait())
+			(void) idle_wait();
+			if (OutboxSlotTakeExtensionCheck(relay_slot))
 				check_extension();
 			continue;
 		}

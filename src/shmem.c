@@ -588,3 +588,40 @@ OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c)
 	slot->failures[c]++;
 	SpinLockRelease(&slot->mutex);
 }
+
+/*
+ * OutboxRequestExtensionCheck
+ *		DROP EXTENSION outbox committed: have dboid's relay look whether its
+ *		extension is still there, even while it is paused.
+ */
+void
+OutboxRequestExtensionCheck(Oid dboid)
+{
+	OutboxSlot *slot = OutboxSlotFind(dboid);
+	Latch	   *latch = NULL;
+
+	if (slot == NULL)
+		return;
+	SpinLockAcquire(&slot->mutex);
+	slot->check_extension = true;
+	latch = slot->latch;
+	SpinLockRelease(&slot->mutex);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * OutboxSlotTakeExtensionCheck
+ *		Relay: whether a check was requested since the last call.
+ */
+bool
+OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
+{
+	bool		check;
+
+	SpinLockAcquire(&slot->mutex);
+	check = slot->check_extension;
+	slot->check_extension = false;
+	SpinLockRelease(&slot->mutex);
+	return check;
+}
