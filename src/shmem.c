@@ -163,7 +163,9 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 		Latch	   *latch;
 
 		SpinLockAcquire(&slot->mutex);
-		latch = slot->latch;
+		/* a paused relay reads everything when it resumes: let it sleep */
+		latch = (slot->state == OUTBOX_RELAY_PAUSED ||
+				 slot->state == OUTBOX_RELAY_NOT_CONFIGURED) ? NULL : slot->latch;
 		if (replay)
 			slot->replay_pending = true;
 		slot->committed_events += events;

@@ -451,7 +451,7 @@ def main():
             bench_emit(server, conn)
         if "drain" in SECTIONS:
             drain_rate, best = bench_drain(server, conn, broker.bootstrap)
-        else:
+        elif GIVEN_DRAIN:
             drain_rate, best = float(GIVEN_DRAIN[0]), (0, int(GIVEN_DRAIN[1]))
             make_plain_outbox(conn)
         if "latency" in SECTIONS:
