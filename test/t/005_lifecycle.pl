@@ -158,6 +158,14 @@ is( $standby->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('outbox relay', 'outbox launcher')"),
 	'0',
 	'a standby runs neither launcher nor relay');
+{
+	my ($ret, $out, $err) = $standby->psql('db1',
+		"SELECT outbox.emit('order', 'x', 'order.confirmed', '{}')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'emit() fails on a standby');
+	like($err, qr/ERROR:  25006: cannot execute outbox\.emit\(\) in a read-only transaction/,
+		'with the standard read-only error');
+}
 
 # events the primary commits but, paused, does not publish
 $node->safe_psql('postgres', 'ALTER SYSTEM SET outbox.enabled = off');
