@@ -141,7 +141,6 @@ typedef struct OutboxSlot
 	uint64		pages;
 	uint64		batches;
 	uint64		retries;		/* events sent again after a failure */
-	uint64		delivery_errors;
 	uint64		failures[4];	/* by OutboxErrorClass */
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;

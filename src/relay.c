@@ -9,9 +9,13 @@
  *	  page is read in one short transaction, published with none open, and
  *	  its progress saved in another short transaction.
  *	- A page counts as published only when every message of it has a
- *	  successful delivery report; only then is the progress row written,
- *	  once per page.  A page that fails is sent again whole, so a crash or
- *	  failure re-sends at most one page.
+ *	  successful delivery report (or is quarantined or parked); only then
+ *	  is the progress row written, once per page, and only then is the next
+ *	  page sent, so a crash re-sends at most one page.  What of a page
+ *	  failed is sent again, in id order; a round not acknowledged within
+ *	  outbox.delivery_timeout is withdrawn whole first.
+ *	- The next page is read while the current one's acknowledgements
+ *	  travel: the database and the network work at the same time.
  *	- The relay sleeps on its latch (set at commit by emitting backends, or
  *	  by signals) and on the producer's event descriptor; the safety poll
  *	  outbox.poll_interval only catches what woke nobody.
@@ -406,10 +410,10 @@ wait_for_acks(void)
 		process_reload();
 
 		/*
-		 * librdkafka retries an outage by itself for up to
-		 * message.timeout.ms (30 s unless configured) before any delivery
-		 * report arrives: report its errors and the brokers it reaches
-		 * while that lasts, not only once the page is settled.
+		 * librdkafka retries an outage by itself, and no delivery report
+		 * arrives until the round is withdrawn: report its errors and the
+		 * brokers it reaches while that lasts, not only once the page is
+		 * settled.
 		 */
 		drain_producer_errors();
 		OutboxSlotSetBrokersUp(relay_slot, OutboxProducerBrokersUp(producer));

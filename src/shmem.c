@@ -536,7 +536,7 @@ OutboxSlotSetBrokersUp(OutboxSlot *slot, int up)
 
 /*
  * OutboxSlotCountError
- *		Relay: a delivery or producer error happened.
+ *		Relay: record the last error for status().
  */
 void
 OutboxSlotCountError(OutboxSlot *slot, const char *message)
@@ -544,7 +544,6 @@ OutboxSlotCountError(OutboxSlot *slot, const char *message)
 	TimestampTz now = GetCurrentTimestamp();
 
 	SpinLockAcquire(&slot->mutex);
-	slot->delivery_errors++;
 	slot->last_error_at = now;
 	strlcpy(slot->last_error, message, sizeof(slot->last_error));
 	SpinLockRelease(&slot->mutex);
