@@ -34,6 +34,9 @@ include $(PGXS)
 # after the include: Makefile.global sets PROVE_FLAGS itself
 PROVE_FLAGS += -I test/perl
 
+# every object depends on the shared header (PGXS tracks no header)
+$(OBJS): src/outbox.h
+
 test-broker:
 	$(MAKE) -C test/broker
 
