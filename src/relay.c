@@ -181,31 +181,6 @@ check_extension(void)
 }
 
 /*
- * report_error
- *		Count an external failure and log it at most every
- *		RELAY_LOG_INTERVAL_MS, with how many happened since the last line.
- */
-static void
-report_error(const char *what, const char *detail)
-{
-	TimestampTz now = GetCurrentTimestamp();
-	char		line[256];
-
-	snprintf(line, sizeof(line), "%s: %s", what, detail);
-	OutboxSlotCountError(relay_slot, line);
-	errors_since_log++;
-	if (TimestampDifferenceExceeds(last_error_log, now, RELAY_LOG_INTERVAL_MS))
-	{
-		ereport(LOG,
-				(errmsg("outbox relay: %s", what),
-				 errdetail("%s (%d failures since the last report)", detail,
-						   errors_since_log)));
-		errors_since_log = 0;
-		last_error_log = now;
-	}
-}
-
-/*
  * note_error
  *		Show a condition in status() without a log line: the failures it
  *		leads to are logged by report_error.
@@ -217,6 +192,29 @@ note_error(const char *what, const char *detail)
 
 	snprintf(line, sizeof(line), "%s: %s", what, detail);
 	OutboxSlotCountError(relay_slot, line);
+}
+
+/*
+ * report_error
+ *		Count an external failure and log it at most every
+ *		RELAY_LOG_INTERVAL_MS, with how many happened since the last line.
+ */
+static void
+report_error(const char *what, const char *detail)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	note_error(what, detail);
+	errors_since_log++;
+	if (TimestampDifferenceExceeds(last_error_log, now, RELAY_LOG_INTERVAL_MS))
+	{
+		ereport(LOG,
+				(errmsg("outbox relay: %s", what),
+				 errdetail("%s (%d failures since the last report)", detail,
+						   errors_since_log)));
+		errors_since_log = 0;
+		last_error_log = now;
+	}
 }
 
 static void
@@ -643,6 +641,7 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 		int			i;
 		int			failed = 0;
 		OutboxDeliveryTally tally;
+		TimestampTz acked_at;
 		int			first_err = 0;
 		bool		rebuild = false;
 		char		activity[64];
@@ -663,6 +662,7 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 		if (retried > 0)
 			OutboxSlotCountRetries(relay_slot, retried);
 		memset(&tally, 0, sizeof(tally));
+		acked_at = GetCurrentTimestamp();
 		for (i = 0; i < n; i++)
 		{
 			OutboxEvent *ev = &events[i];
@@ -675,8 +675,7 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 			{
 				ev->disposition = OUTBOX_EVENT_DELIVERED;
 				/* a replay's age is no publish latency */
-				OutboxTallyAdd(&tally, replay ? -1 :
-							   GetCurrentTimestamp() - ev->created_at,
+				OutboxTallyAdd(&tally, replay ? -1 : acked_at - ev->created_at,
 							   ev->payload_len);
 				continue;
 			}
@@ -697,12 +696,6 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 				quarantine(events, n, i, replay);
 		}
 
-		if (replay)
-		{
-			/* replays count as published, but not in the latency histogram */
-			tally.latency_sum = 0;
-			memset(tally.latency, 0, sizeof(tally.latency));
-		}
 		OutboxSlotCountDelivered(relay_slot, &tally);
 		/* replays are not part of the batch, so not of its backlog */
 		if (!replay)

@@ -431,17 +431,21 @@ const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
 
 /*
  * OutboxTallyAdd
- *		Relay, in local memory: one event delivered after latency_us.
+ *		Relay, in local memory: one event delivered after latency_us; a
+ *		negative latency (a replay) counts the event but not its latency.
  */
 void
 OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes)
 {
 	int			b = 0;
 
-	while (b < OUTBOX_LAT_NBUCKETS - 1 && latency_us > OutboxLatencyBounds[b])
-		b++;
-	tally->latency[b]++;
-	tally->latency_sum += (double) Max(latency_us, 0) / 1000000.0;
+	if (latency_us >= 0)
+	{
+		while (b < OUTBOX_LAT_NBUCKETS - 1 && latency_us > OutboxLatencyBounds[b])
+			b++;
+		tally->latency[b]++;
+		tally->latency_sum += (double) latency_us / 1000000.0;
+	}
 	tally->events++;
 	tally->bytes += bytes;
 }
