@@ -59,7 +59,7 @@ count_dead_letters(StatusSnapshot *snap)
 	SPI_connect();
 	if (SPI_execute("SELECT pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'quarantined'),"
 					" pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.<>) 'quarantined')"
-					" FROM outbox.dead_letters WHERE state IN ('quarantined', 'parked', 'replaying')",
+					" FROM outbox.dead_letters WHERE state OPERATOR(pg_catalog.=) ANY ('{quarantined,parked,replaying}'::pg_catalog.text[])",
 					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not count dead letters");
 	snap->quarantined = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],

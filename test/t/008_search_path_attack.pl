@@ -1,0 +1,172 @@
+# test/t/008_search_path_attack.pl: the extension's SECURITY DEFINER
+# functions cannot be turned against it through the caller's search_path,
+# and CREATE EXTENSION does not adopt a schema somebody prepared.
+#
+# The attack: a role with the README's grants and CREATE on a schema of its
+# own defines operators there that, when run with a superuser's rights, make
+# the role a superuser; it puts that schema first in its search_path and
+# calls the function.  The role must stay unprivileged.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
+
+my $kafka = OutboxTest::Broker->start(brokers => 1);
+my $node = outbox_node('attack', $kafka);
+
+$node->safe_psql('postgres', 'CREATE DATABASE shop');
+$node->safe_psql('shop', 'CREATE EXTENSION outbox');
+ok(defined(wait_for_relay($node, 'shop', 10)), 'shop has a relay');
+
+# the README's grants: a monitoring role and a writer role
+$node->safe_psql(
+	'shop', q{
+CREATE ROLE monitoring LOGIN;
+GRANT USAGE ON SCHEMA outbox TO monitoring;
+GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) TO monitoring;
+GRANT SELECT ON outbox.status TO monitoring;
+GRANT pg_monitor TO monitoring;
+CREATE ROLE writer LOGIN;
+GRANT USAGE ON SCHEMA outbox TO writer;
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) TO writer;
+CREATE SCHEMA trap_monitoring AUTHORIZATION monitoring;
+CREATE SCHEMA trap_writer AUTHORIZATION writer;
+});
+
+# Operators shadowing the built-in ones a query could resolve through the
+# search_path.  Each one tries to make its owner a superuser, which only
+# works while it runs with the extension owner's rights; the attempt is
+# recorded either way, so the test also sees whether a trap ran at all.
+sub plant_traps
+{
+	my ($role) = @_;
+	my $schema = "trap_$role";
+	my $sql = "SET ROLE $role;\n";
+	my @ops = (
+		[ '=', 'text', 'text', 'boolean', 'a OPERATOR(pg_catalog.=) b' ],
+		[ '<>', 'text', 'text', 'boolean', 'a OPERATOR(pg_catalog.<>) b' ],
+		[ '=', 'uuid', 'uuid', 'boolean', 'a OPERATOR(pg_catalog.=) b' ],
+		[ '=', 'bigint', 'bigint', 'boolean', 'a OPERATOR(pg_catalog.=) b' ],
+		[ '=', 'oid', 'oid', 'boolean', 'a OPERATOR(pg_catalog.=) b' ],
+		[ '+', 'bigint', 'integer', 'bigint', 'a OPERATOR(pg_catalog.+) b' ],
+		[ '<', 'timestamptz', 'timestamptz', 'boolean', 'a OPERATOR(pg_catalog.<) b' ],
+		[ '-', 'timestamptz', 'interval', 'timestamptz', 'a OPERATOR(pg_catalog.-) b' ]);
+	my $n = 0;
+	for my $op (@ops)
+	{
+		my ($name, $l, $r, $ret, $body) = @$op;
+		$n++;
+		$sql .= qq{
+CREATE FUNCTION $schema.trap$n(a $l, b $r) RETURNS $ret LANGUAGE plpgsql AS \$\$
+BEGIN
+	BEGIN
+		EXECUTE 'ALTER ROLE $role SUPERUSER';
+		RAISE WARNING 'trap $n ran as superuser';
+	EXCEPTION WHEN insufficient_privilege THEN
+		NULL;
+	END;
+	RETURN $body;
+END
+\$\$;
+CREATE OPERATOR $schema.$name (LEFTARG = $l, RIGHTARG = $r, FUNCTION = $schema.trap$n);
+};
+	}
+	$sql .= "RESET ROLE;\n";
+	$node->safe_psql('shop', $sql);
+}
+
+# status() counts dead letters: give its query rows to compare
+$node->safe_psql(
+	'shop', q{
+INSERT INTO outbox.dead_letters (event_id, event_pk, aggregate_type, aggregate_id, event_type, topic, state, envelope)
+VALUES (outbox.uuid_v7(), 1, 'order', 'o-9', 'order.confirmed', 'outbox.event.order', 'quarantined', '{}'),
+       (outbox.uuid_v7(), 2, 'order', 'o-9', 'order.confirmed', 'outbox.event.order', 'parked', '{}');
+});
+
+plant_traps('monitoring');
+plant_traps('writer');
+
+sub is_superuser
+{
+	my ($role) = @_;
+	return $node->safe_psql('shop', "SELECT rolsuper FROM pg_roles WHERE rolname = '$role'");
+}
+
+my @calls = (
+	[ 'monitoring', 'outbox.status()', 'SELECT count(*) FROM outbox.status()' ],
+	[ 'monitoring', 'the outbox.status view', 'SELECT count(*) FROM outbox.status' ],
+	[ 'monitoring', 'outbox.metrics()', 'SELECT length(outbox.metrics()) > 0' ],
+	[ 'monitoring', 'outbox.health()', "SELECT status FROM outbox.health('1 min')" ],
+	[
+		'writer', 'outbox.emit()',
+		"SELECT outbox.emit('order', 'o-1', 'order.confirmed', '{\"total\": 1}') IS NOT NULL"
+	]);
+
+for my $call (@calls)
+{
+	my ($role, $what, $query) = @$call;
+	my ($ret, $out, $err) = $node->psql(
+		'shop',
+		"SET search_path = trap_$role, pg_catalog, public; $query",
+		extra_params => [ '-U', $role ]);
+	is($ret, 0, "$role can call $what with a hostile search_path")
+	  or diag($err);
+	unlike($err, qr/ran as superuser/, "no operator of $role\'s ran with the owner's rights in $what");
+	is(is_superuser($role), 'f', "$role is still not a superuser after calling $what");
+	# put things back for the next call if the attack worked
+	$node->safe_psql('shop', "ALTER ROLE $role NOSUPERUSER");
+}
+
+# the pinned setting is there for every SECURITY DEFINER function
+is( $node->safe_psql(
+		'shop', q{
+SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text)
+  FROM pg_proc p
+ WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+   AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)}),
+	'',
+	'every SECURITY DEFINER function of the extension pins search_path to pg_catalog, pg_temp');
+
+# --- CREATE EXTENSION does not adopt a schema somebody else prepared
+$node->safe_psql(
+	'postgres', q{
+CREATE ROLE squatter LOGIN;
+CREATE DATABASE squat;
+GRANT CREATE ON DATABASE squat TO squatter;
+});
+$node->safe_psql(
+	'squat', q{
+SET ROLE squatter;
+CREATE SCHEMA outbox;
+CREATE FUNCTION outbox.notify_relay() RETURNS void LANGUAGE sql AS 'SELECT';
+RESET ROLE;
+});
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'CREATE EXTENSION outbox',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'CREATE EXTENSION refuses a schema "outbox" made by another role');
+	like($err, qr/ERROR:  42501: schema "outbox" already exists and is not owned by a superuser/,
+		'with 42501 and a message that says why');
+}
+$node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox; CREATE TABLE outbox.events (x int)');
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'CREATE EXTENSION outbox',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'CREATE EXTENSION refuses a schema "outbox" that already holds objects');
+	like($err, qr/ERROR:  42P06: schema "outbox" already exists and is not empty/,
+		'with 42P06');
+}
+# an empty schema a superuser made (pg_restore creates it before the
+# extension) is accepted
+$node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox');
+is($node->psql('squat', 'CREATE EXTENSION outbox'), 0,
+	'an empty schema owned by a superuser is accepted, as pg_restore needs');
+
+done_testing();
