@@ -12,3 +12,127 @@ ALTER FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, int
 ALTER FUNCTION outbox.status() SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION outbox.metrics() SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION outbox.health(interval) SET search_path = pg_catalog, pg_temp;
+
+/*
+ * Dump and restore: progress rows name the cluster and database whose
+ * transaction ids their snapshots speak of, and a restored row is kept
+ * beside the own one for the relay to adopt.
+ */
+ALTER TABLE outbox.relay_progress
+	ADD COLUMN system_identifier bigint,
+	ADD COLUMN database_oid oid,
+	ADD COLUMN floor_id bigint NOT NULL DEFAULT 0,
+	ADD COLUMN floor_xmax pg_catalog.xid8 NOT NULL DEFAULT '0';
+COMMENT ON COLUMN outbox.relay_progress.system_identifier IS
+	'cluster whose transaction ids the snapshots speak of (pg_control_system()); with database_oid, tells a restored or copied row from this database''s own';
+COMMENT ON COLUMN outbox.relay_progress.floor_id IS
+	'events with id <= floor_id and txid >= floor_xmax came from another cluster and were queued for replay when the relay adopted them';
+
+UPDATE outbox.relay_progress p
+   SET system_identifier = c.system_identifier, database_oid = d.oid
+  FROM pg_catalog.pg_control_system() c, pg_catalog.pg_database d
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+   AND p.relay OPERATOR(pg_catalog.=) 'default' AND p.system_identifier IS NULL;
+
+CREATE FUNCTION outbox.progress_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) NEW.relay) THEN
+		NEW.relay := 'restored ' || outbox.uuid_v7()::text;
+	END IF;
+	PERFORM outbox.notify_relay();
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION outbox.progress_restored() IS
+	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay to adopt it';
+REVOKE ALL ON FUNCTION outbox.progress_restored() FROM PUBLIC;
+CREATE TRIGGER progress_restored BEFORE INSERT ON outbox.relay_progress
+	FOR EACH ROW EXECUTE FUNCTION outbox.progress_restored();
+
+/* replay(since, until) and cleanup(): events below the floor count as delivered */
+CREATE OR REPLACE FUNCTION outbox.replay(since timestamptz, until timestamptz,
+							  aggregate_type text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	queued	bigint;
+BEGIN
+	IF since IS NULL OR until IS NULL THEN
+		RAISE EXCEPTION 'since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF since >= until THEN
+		RAISE EXCEPTION 'since must be earlier than until'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	INSERT INTO outbox.replay_queue (event_pk, dead_letter)
+	SELECT e.id, false
+	  FROM outbox.events e, outbox.relay_progress p
+	 WHERE p.relay = 'default'
+	   AND e.created_at >= since AND e.created_at < until
+	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
+	   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+					    WHERE d.event_id = e.event_id AND d.state IN ('quarantined', 'parked', 'replaying', 'discarded'))
+	 ORDER BY e.id;
+	GET DIAGNOSTICS queued = ROW_COUNT;
+	PERFORM outbox.notify_relay();
+	RETURN queued;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.cleanup(dry_run boolean DEFAULT true, max_events integer DEFAULT 10000)
+RETURNS TABLE (events bigint, oldest timestamptz, newest timestamptz, deleted boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	cutoff	timestamptz;
+BEGIN
+	IF dry_run IS NULL OR max_events IS NULL OR max_events < 1 THEN
+		RAISE EXCEPTION 'max_events must be at least 1 and dry_run not null'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	cutoff := now() - coalesce(
+		(SELECT s.setting::bigint * interval '1 second' FROM pg_settings s WHERE s.name = 'outbox.retention'),
+		interval '7 days');
+
+	IF dry_run THEN
+		RETURN QUERY
+		SELECT count(*), min(e.created_at), max(e.created_at), false
+		  FROM outbox.events e, outbox.relay_progress p
+		 WHERE p.relay = 'default' AND e.created_at < cutoff
+		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id);
+		RETURN;
+	END IF;
+
+	RETURN QUERY
+	WITH doomed AS (
+		SELECT e.id FROM outbox.events e, outbox.relay_progress p
+		 WHERE p.relay = 'default' AND e.created_at < cutoff
+		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		 ORDER BY e.id LIMIT max_events
+	), gone AS (
+		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id
+		RETURNING e.created_at
+	)
+	SELECT count(*), min(g.created_at), max(g.created_at), true FROM gone g;
+END
+$$;
+
+/* have the relay look at its progress row again: it now names this database */
+SELECT outbox.notify_relay();

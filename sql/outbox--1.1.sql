@@ -89,11 +89,53 @@ CREATE TABLE outbox.relay_progress (
 	batch_last_id	bigint,
 	published		bigint NOT NULL DEFAULT 0,
 	batches			bigint NOT NULL DEFAULT 0,
-	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
+	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	system_identifier bigint,
+	database_oid	oid,
+	floor_id		bigint NOT NULL DEFAULT 0,
+	floor_xmax		pg_catalog.xid8 NOT NULL DEFAULT '0'
 );
 COMMENT ON TABLE outbox.relay_progress IS
 	'Delivery progress of each relay, written once per acknowledged page';
-INSERT INTO outbox.relay_progress (relay) VALUES ('default');
+COMMENT ON COLUMN outbox.relay_progress.system_identifier IS
+	'cluster whose transaction ids the snapshots speak of (pg_control_system()); with database_oid, tells a restored or copied row from this database''s own';
+COMMENT ON COLUMN outbox.relay_progress.floor_id IS
+	'events with id <= floor_id and txid >= floor_xmax came from another cluster and were queued for replay when the relay adopted them';
+
+/*
+ * The relay's own row: nothing is delivered yet, and nothing committed
+ * before this install can be in the log.  Its snapshot and the cluster's
+ * identity make a restore recognisable: see outbox.progress_restored().
+ */
+INSERT INTO outbox.relay_progress (relay, prev_snapshot, system_identifier, database_oid)
+SELECT 'default', pg_catalog.pg_current_snapshot(), c.system_identifier, d.oid
+  FROM pg_catalog.pg_control_system() c, pg_catalog.pg_database d
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+
+/*
+ * pg_restore and pg_dump | psql create the extension (which writes the row
+ * above) and then copy the dumped progress row in: keep it beside the own
+ * row, under another name, and wake the relay, which queues the events it
+ * had not delivered and drops the row (see the README, "Dump and restore").
+ */
+CREATE FUNCTION outbox.progress_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) NEW.relay) THEN
+		NEW.relay := 'restored ' || outbox.uuid_v7()::text;
+	END IF;
+	PERFORM outbox.notify_relay();
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION outbox.progress_restored() IS
+	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay to adopt it';
+REVOKE ALL ON FUNCTION outbox.progress_restored() FROM PUBLIC;
+CREATE TRIGGER progress_restored BEFORE INSERT ON outbox.relay_progress
+	FOR EACH ROW EXECUTE FUNCTION outbox.progress_restored();
 
 /*
  * Events Kafka refused for good, and the events parked behind them.  The
@@ -417,7 +459,8 @@ BEGIN
 	 WHERE p.relay = 'default'
 	   AND e.created_at >= since AND e.created_at < until
 	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
-	   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+	   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
 	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 					    WHERE d.event_id = e.event_id AND d.state IN ('quarantined', 'parked', 'replaying', 'discarded'))
 	 ORDER BY e.id;
@@ -454,7 +497,8 @@ BEGIN
 		SELECT count(*), min(e.created_at), max(e.created_at), false
 		  FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id);
@@ -465,7 +509,8 @@ BEGIN
 	WITH doomed AS (
 		SELECT e.id FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)

@@ -943,6 +943,23 @@ publish_replays(void)
 }
 
 /*
+ * report_adoption
+ *		Log that progress a restore or a copy brought in was adopted, and
+ *		have its undelivered events published.
+ */
+static void
+report_adoption(int64 queued)
+{
+	replays_due = true;
+	ereport(LOG,
+			(errmsg("outbox relay for database \"%s\" adopted restored or copied progress",
+					relay_dbname),
+			 errdetail("%lld events it had not delivered were queued for publishing; "
+					   "the events it had delivered are not sent again.",
+					   (long long) queued)));
+}
+
+/*
  * idle_cleanup
  *		When idle, delete published events past outbox.retention, a bounded
  *		batch at a time; a full batch means more may follow at the next idle
@@ -1017,6 +1034,7 @@ void
 OutboxRelayMain(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
+	int64		adopted;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -1072,8 +1090,10 @@ OutboxRelayMain(Datum main_arg)
 	relay_dbname = MemoryContextStrdup(relay_cxt, get_database_name(dboid));
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension();
-	OutboxStoreLoadProgress(&batch, relay_cxt);
+	adopted = OutboxStoreLoadProgress(&batch, false, relay_cxt);
 	end_txn();
+	if (adopted >= 0)
+		report_adoption(adopted);
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", relay_dbname),
@@ -1120,6 +1140,12 @@ OutboxRelayMain(Datum main_arg)
 		{
 			replays_due = true;
 			blocked_stale = true;
+			/* a restore's progress row wakes the relay the same way */
+			begin_txn("looking for restored progress");
+			adopted = OutboxStoreLoadProgress(&batch, true, relay_cxt);
+			end_txn();
+			if (adopted >= 0)
+				report_adoption(adopted);
 		}
 		if (replays_due)
 		{

@@ -18,10 +18,13 @@
  */
 #include "postgres.h"
 
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/xid8.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -32,10 +35,18 @@
 
 #include "outbox.h"
 
-/* $2: cur, $3: prev; before the first batch (no prev) it is all of cur */
+/*
+ * $2: cur, $3: prev; before the first batch (no prev) it is all of cur.
+ * $6, $7: the floor.  Events from another cluster (a restore) carry
+ * transaction ids of that cluster's; the relay queued those it had not
+ * delivered when it adopted them, and the batches never take them: they
+ * have ids up to floor_id and txids at or above floor_xmax, while every
+ * event of this cluster's with such an id has a txid below it.
+ */
 #define BATCH_OF(prev) \
 	" pg_catalog.pg_visible_in_snapshot(e.txid, $2)" \
-	" AND (" prev ")"
+	" AND (" prev ")" \
+	" AND NOT (e.id OPERATOR(pg_catalog.<=) $6 AND e.txid OPERATOR(pg_catalog.>=) $7)"
 
 #define AFTER_PREV \
 	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3)" \
@@ -86,7 +97,7 @@ static const char *const query_text[Q_COUNT] = {
 	PAGE_SQL(AFTER_PREV),
 };
 
-static const int query_nargs[Q_COUNT] = {3, 3, 5, 5};
+#define QUERY_NARGS 7
 
 static SPIPlanPtr plans[Q_COUNT];
 
@@ -95,8 +106,9 @@ get_plan(int q)
 {
 	if (plans[q] == NULL)
 	{
-		Oid			types[5] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID, INT8OID, INT4OID};
-		SPIPlanPtr	plan = SPI_prepare(query_text[q], query_nargs[q], types);
+		Oid			types[QUERY_NARGS] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID,
+		INT8OID, INT4OID, INT8OID, XID8OID};
+		SPIPlanPtr	plan = SPI_prepare(query_text[q], QUERY_NARGS, types);
 
 		if (plan == NULL)
 			elog(ERROR, "could not prepare relay query: %s",
@@ -136,6 +148,14 @@ set_args(Datum *values, char *nulls, const OutboxBatch *batch, int64 after)
 		values[2] = (Datum) 0;
 		nulls[2] = 'n';
 	}
+	values[3] = (Datum) 0;
+	nulls[3] = 'n';
+	values[4] = (Datum) 0;
+	nulls[4] = 'n';
+	values[5] = Int64GetDatum(batch->floor_id);
+	nulls[5] = ' ';
+	values[6] = FullTransactionIdGetDatum(FullTransactionIdFromU64(batch->floor_xmax));
+	nulls[6] = ' ';
 }
 
 /*
@@ -164,43 +184,216 @@ getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
 	return s;
 }
 
+/* a progress row that is not this database's own: restored or copied */
+#define FOREIGN_ROW(p) \
+	"(" p ".relay OPERATOR(pg_catalog.<>) 'default'" \
+	" OR " p ".system_identifier OPERATOR(pg_catalog.<>) $1" \
+	" OR " p ".database_oid OPERATOR(pg_catalog.<>) $2)"
+
 /*
- * OutboxStoreLoadProgress
- *		Read the progress row into *batch (strings allocated in cxt).
+ * Whether event e was delivered by the relay whose progress row is f: in
+ * f's delivered snapshot, in the acknowledged part of its batch, or below
+ * its floor.
  */
-void
-OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
+#define DELIVERED_BY(f) \
+	"(coalesce(pg_catalog.pg_visible_in_snapshot(e.txid, " f ".prev_snapshot), false)" \
+	" OR coalesce(e.id OPERATOR(pg_catalog.<=) " f ".batch_last_id" \
+	"  AND pg_catalog.pg_visible_in_snapshot(e.txid, " f ".batch_snapshot), false)" \
+	" OR (e.id OPERATOR(pg_catalog.<=) " f ".floor_id AND e.txid OPERATOR(pg_catalog.>=) " f ".floor_xmax))"
+
+/*
+ * adopt_foreign_rows
+ *		Take over the progress rows a restore or a copy brought in.
+ *
+ * Their snapshots speak of another database's history, or of another
+ * cluster's transaction ids, so no batch can use them.  What they had not
+ * delivered (and is not in the dead letters or the replay queue) joins the
+ * replay queue, in id order; the floor makes the batches skip every event
+ * now in the log whose txid is not of this cluster's past; the own row
+ * restarts from the current snapshot when it was itself copied.  Returns
+ * how many events were queued, or -1 when there was nothing to adopt.
+ */
+static int64
+adopt_foreign_rows(void)
+{
+	Datum		values[2];
+	Oid			types[2] = {INT8OID, OIDOID};
+	int64		queued;
+	int			rc;
+
+	values[0] = Int64GetDatum((int64) GetSystemIdentifier());
+	values[1] = ObjectIdGetDatum(MyDatabaseId);
+	rc = SPI_execute_with_args("SELECT 1 FROM outbox.relay_progress p"
+							   " WHERE " FOREIGN_ROW("p") " FOR UPDATE",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not look for restored progress: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		return -1;
+
+	rc = SPI_execute_with_args("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
+							   " SELECT e.id, false FROM outbox.events e"
+							   " WHERE EXISTS (SELECT 1 FROM outbox.relay_progress f"
+							   "  WHERE " FOREIGN_ROW("f") " AND NOT " DELIVERED_BY("f") ")"
+							   " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d"
+							   "  WHERE d.event_pk OPERATOR(pg_catalog.=) e.id)"
+							   " AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q"
+							   "  WHERE q.event_pk OPERATOR(pg_catalog.=) e.id)"
+							   " ORDER BY e.id",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "could not queue restored events: %s", SPI_result_code_string(rc));
+	queued = (int64) SPI_processed;
+
+	rc = SPI_execute_with_args("UPDATE outbox.relay_progress p SET"
+							   " prev_snapshot = CASE WHEN " FOREIGN_ROW("p")
+							   "  THEN pg_catalog.pg_current_snapshot() ELSE p.prev_snapshot END,"
+							   " batch_snapshot = CASE WHEN " FOREIGN_ROW("p")
+							   "  THEN NULL ELSE p.batch_snapshot END,"
+							   " batch_last_id = CASE WHEN " FOREIGN_ROW("p")
+							   "  THEN NULL ELSE p.batch_last_id END,"
+							   " system_identifier = $1, database_oid = $2,"
+							   " floor_id = (SELECT coalesce(pg_catalog.max(e.id), 0)"
+							   "  FROM outbox.events e),"
+							   " floor_xmax = pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()),"
+							   " updated_at = pg_catalog.now()"
+							   " WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
+		elog(ERROR, "could not adopt restored progress: %s", SPI_result_code_string(rc));
+	rc = SPI_execute("DELETE FROM outbox.relay_progress p"
+					 " WHERE p.relay OPERATOR(pg_catalog.<>) 'default'", false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not drop restored progress: %s", SPI_result_code_string(rc));
+	return queued;
+}
+
+/*
+ * progress_knows_identity
+ *		Whether outbox.relay_progress has the columns of version 1.1: until
+ *		ALTER EXTENSION outbox UPDATE runs, a 1.0 database keeps working with
+ *		the 1.0 progress row (ALTER EXTENSION wakes the relay to look again).
+ */
+static bool
+progress_knows_identity(void)
 {
 	int			rc;
 
-	memset(batch, 0, sizeof(OutboxBatch));
-	SPI_connect();
-	rc = SPI_execute("SELECT prev_snapshot::text, batch_snapshot::text, batch_last_id"
-					 " FROM outbox.relay_progress WHERE relay = 'default'",
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_attribute a"
+					 " WHERE a.attrelid OPERATOR(pg_catalog.=) 'outbox.relay_progress'::pg_catalog.regclass"
+					 " AND a.attname OPERATOR(pg_catalog.=) 'floor_xmax' AND NOT a.attisdropped",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0)
-	{
-		/* a deleted progress row resets the relay: it re-sends what is kept */
-		rc = SPI_execute("INSERT INTO outbox.relay_progress (relay) VALUES ('default')",
-						 false, 0);
-		if (rc != SPI_OK_INSERT)
-			elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
-	}
-	else
-	{
-		HeapTuple	tup = SPI_tuptable->vals[0];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
+		elog(ERROR, "could not inspect relay progress: %s", SPI_result_code_string(rc));
+	return SPI_processed == 1;
+}
 
+/* The 1.0 progress row: no identity, no floor. */
+static void
+load_progress_1_0(OutboxBatch *batch, bool resume, MemoryContext cxt)
+{
+	int			rc;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	batch->floor_id = 0;
+	batch->floor_xmax = 0;
+	if (resume)
+		return;
+	rc = SPI_execute("INSERT INTO outbox.relay_progress (relay) SELECT 'default' WHERE NOT EXISTS"
+					 " (SELECT 1 FROM outbox.relay_progress p"
+					 "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')", false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
+	rc = SPI_execute("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id"
+					 " FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	batch->prev = getstr(tup, desc, 1, cxt);
+	batch->cur = getstr(tup, desc, 2, cxt);
+	d = SPI_getbinval(tup, desc, 3, &isnull);
+	batch->last_id = isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * OutboxStoreLoadProgress
+ *		Read the progress row into *batch (strings allocated in cxt), after
+ *		adopting any progress a restore or copy brought in.  Returns how many
+ *		events the adoption queued for replay, or -1 when there was none.
+ *
+ * With resume set (a running relay woken by a restore), the batch in
+ * memory stays as it is and only the floor is taken from the row: the own
+ * row is a copy only in a database just made from a template or upgraded
+ * with pg_upgrade, which a relay sees first at its start.
+ */
+int64
+OutboxStoreLoadProgress(OutboxBatch *batch, bool resume, MemoryContext cxt)
+{
+	Datum		values[2];
+	Oid			types[2] = {INT8OID, OIDOID};
+	int64		adopted;
+	int			rc;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+	char	   *floor_xmax;
+
+	SPI_connect();
+	if (!progress_knows_identity())
+	{
+		load_progress_1_0(batch, resume, cxt);
+		SPI_finish();
+		return -1;
+	}
+	values[0] = Int64GetDatum((int64) GetSystemIdentifier());
+	values[1] = ObjectIdGetDatum(MyDatabaseId);
+	/* a deleted progress row resets the relay: it re-sends what is kept */
+	rc = SPI_execute_with_args("INSERT INTO outbox.relay_progress"
+							   " (relay, system_identifier, database_oid)"
+							   " SELECT 'default', $1, $2 WHERE NOT EXISTS"
+							   " (SELECT 1 FROM outbox.relay_progress p"
+							   "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
+	/* a row from before 1.1 is this database's own */
+	rc = SPI_execute_with_args("UPDATE outbox.relay_progress p"
+							   " SET system_identifier = $1, database_oid = $2"
+							   " WHERE p.relay OPERATOR(pg_catalog.=) 'default'"
+							   " AND p.system_identifier IS NULL",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "could not mark relay progress: %s", SPI_result_code_string(rc));
+
+	adopted = adopt_foreign_rows();
+
+	rc = SPI_execute("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id,"
+					 " p.floor_id, p.floor_xmax::text"
+					 " FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	d = SPI_getbinval(tup, desc, 4, &isnull);
+	batch->floor_id = isnull ? 0 : DatumGetInt64(d);
+	floor_xmax = getstr(tup, desc, 5, CurrentMemoryContext);
+	batch->floor_xmax = floor_xmax == NULL ? 0 : strtou64(floor_xmax, NULL, 10);
+	if (!resume)
+	{
 		batch->prev = getstr(tup, desc, 1, cxt);
 		batch->cur = getstr(tup, desc, 2, cxt);
 		d = SPI_getbinval(tup, desc, 3, &isnull);
 		batch->last_id = isnull ? 0 : DatumGetInt64(d);
 	}
 	SPI_finish();
+	return adopted;
 }
 
 /*
@@ -213,8 +406,8 @@ OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 bool
 OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 {
-	Datum		values[5];
-	char		nulls[5];
+	Datum		values[QUERY_NARGS];
+	char		nulls[QUERY_NARGS];
 	bool		isnull;
 	int			rc;
 	int			nestlevel;
@@ -378,8 +571,8 @@ int
 OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
 					MemoryContext cxt)
 {
-	Datum		values[5];
-	char		nulls[5];
+	Datum		values[QUERY_NARGS];
+	char		nulls[QUERY_NARGS];
 	int			rc;
 	uint64		i;
 	OutboxEvent *evs;
