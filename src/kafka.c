@@ -104,7 +104,7 @@ static const char *const refused_values[][3] = {
  * outbox.kafka_config only, by every backend).
  */
 static const char *const not_secret_properties[][2] = {
-	{"message.max.bytes", "emit() checks event sizes against it: set it in outbox.kafka_config."},
+	{"message.max.bytes", "It belongs in outbox.kafka_config, where emit() reads it to check event sizes."},
 };
 
 static bool
@@ -149,23 +149,24 @@ property_refusal(const char *name, const char *value, bool from_secrets)
 /*
  * apply_property
  *		Judge one name=value and set it in conf.  lineno 0: it comes from
- *		outbox.kafka_config, and *detail may name the property (never a
- *		secret property's value).  lineno > 0: it is that line of the
- *		secrets file (or entry, when read back joined), and *detail names
- *		nothing but the line: any part of a secrets line may be a secret.
+ *		outbox.kafka_config (where is NULL), and *detail may name the
+ *		property (never a secret property's value).  Otherwise it comes from
+ *		the secrets file, where says where ("line 3 of \"path\""), and
+ *		*detail names nothing but that place: any part of a secrets line
+ *		may be a secret.
  */
 static bool
 apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
-			   int lineno, char **detail)
+			   const char *where, char **detail)
 {
-	const char *why = property_refusal(name, value, lineno > 0);
+	const char *why = property_refusal(name, value, where != NULL);
 	char		errstr[512];
 
 	if (why != NULL)
 	{
-		if (lineno > 0)
-			*detail = psprintf("Line %d of outbox.kafka_secrets_file sets a property that cannot be set there. %s",
-							   lineno, why);
+		if (where != NULL)
+			*detail = psprintf("The property on %s cannot be set in the secrets file. %s",
+							   where, why);
 		else if (strcmp(name, "partitioner") == 0 || strcmp(name, "topic.partitioner") == 0 ||
 				 strcmp(name, "queuing.strategy") == 0 || strcmp(name, "topic.queuing.strategy") == 0)
 			*detail = psprintf("Property \"%s\" cannot be \"%s\". %s", name, value, why);
@@ -175,8 +176,8 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 	}
 	if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 	{
-		if (lineno > 0)
-			*detail = psprintf("librdkafka rejects line %d of outbox.kafka_secrets_file.", lineno);
+		if (where != NULL)
+			*detail = psprintf("librdkafka rejects the property on %s.", where);
 		else if (property_is_secret(name))
 			*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
 		else
@@ -241,7 +242,9 @@ apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
 								   property_is_secret(item) ? "(hidden)" : item);
 			return false;
 		}
-		if (!apply_property(conf, name, value, from_secrets ? n : 0, detail))
+		if (!apply_property(conf, name, value,
+							from_secrets ? psprintf("entry %d of outbox.kafka_secrets_file", n) : NULL,
+							detail))
 			return false;
 	}
 	return true;
@@ -516,7 +519,8 @@ OutboxKafkaReadSecrets(const char *path, char **errmsg)
 							   lineno, path);
 			goto fail;
 		}
-		if (!apply_property(conf, name, value, lineno, errmsg))
+		if (!apply_property(conf, name, value,
+							psprintf("line %d of \"%s\"", lineno, path), errmsg))
 			goto fail;
 		pfree(item);
 	}
