@@ -227,3 +227,22 @@ SELECT t.err($$SELECT * FROM outbox.status()$$);
 SELECT * FROM outbox.health();
 SELECT t.err($$SELECT outbox.metrics()$$);
 SELECT t.err($$SELECT * FROM outbox.health('0 s')$$);
+
+-- a writer cannot widen outbox.allowed_topics, not even by setting it before
+-- the library is loaded in its session (a placeholder set by a non-superuser
+-- is refused when the real setting is defined)
+CREATE ROLE outbox_writer LOGIN;
+GRANT USAGE ON SCHEMA outbox TO outbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz)
+  TO outbox_writer;
+ALTER ROLE outbox_writer SET outbox.allowed_topics = 'orders.*';
+SELECT current_user AS su \gset
+\c - outbox_writer
+SET outbox.allowed_topics = '*';
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'payments.v1')$$);
+SHOW outbox.allowed_topics;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'orders.v1') IS NOT NULL AS allowed_ok;
+SELECT t.err($$SET outbox.allowed_topics = '*'$$);
+\c - :su
+DROP OWNED BY outbox_writer;
+DROP ROLE outbox_writer;
