@@ -24,6 +24,7 @@ ALTER SYSTEM SET outbox.kafka_config = 'ssl.providers=/tmp/evil';
 ALTER SYSTEM SET outbox.kafka_config = 'partitioner=random';
 ALTER SYSTEM SET outbox.kafka_config = 'topic.partitioner=random';
 ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=lifo';
+ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=LIFO';
 ALTER SYSTEM SET outbox.kafka_config = 'topic.message.timeout.ms=5000';
 -- callbacks and interceptors have no string form: librdkafka refuses them
 ALTER SYSTEM SET outbox.kafka_config = 'partitioner_cb=0x1234';

@@ -117,16 +117,19 @@ property_is_secret(const char *name)
 
 /*
  * property_refusal
- *		Why outbox refuses this property and value, or NULL.  librdkafka
- *		also accepts a topic property with a "topic." prefix, so the name is
- *		judged without it too.
+ *		Why outbox refuses this property and value, or NULL; *by_value
+ *		tells whether only this value is refused.  librdkafka also accepts a
+ *		topic property with a "topic." prefix, so the name is judged without
+ *		it too; it reads some values (queuing.strategy) in any letter case.
  */
 static const char *
-property_refusal(const char *name, const char *value, bool from_secrets)
+property_refusal(const char *name, const char *value, bool from_secrets,
+				 bool *by_value)
 {
 	const char *bare = name;
 	int			i;
 
+	*by_value = false;
 	if (strncmp(bare, "topic.", 6) == 0)
 		bare += 6;
 	for (i = 0; i < lengthof(reserved_properties); i++)
@@ -136,8 +139,11 @@ property_refusal(const char *name, const char *value, bool from_secrets)
 	for (i = 0; i < lengthof(refused_values); i++)
 		if ((strcmp(name, refused_values[i][0]) == 0 ||
 			 strcmp(bare, refused_values[i][0]) == 0) &&
-			strcmp(value, refused_values[i][1]) == 0)
+			pg_strcasecmp(value, refused_values[i][1]) == 0)
+		{
+			*by_value = true;
 			return refused_values[i][2];
+		}
 	if (from_secrets)
 		for (i = 0; i < lengthof(not_secret_properties); i++)
 			if (strcmp(name, not_secret_properties[i][0]) == 0 ||
@@ -148,8 +154,8 @@ property_refusal(const char *name, const char *value, bool from_secrets)
 
 /*
  * apply_property
- *		Judge one name=value and set it in conf.  lineno 0: it comes from
- *		outbox.kafka_config (where is NULL), and *detail may name the
+ *		Judge one name=value and set it in conf.  With where NULL it comes
+ *		from outbox.kafka_config, and *detail may name the
  *		property (never a secret property's value).  Otherwise it comes from
  *		the secrets file, where says where ("line 3 of \"path\""), and
  *		*detail names nothing but that place: any part of a secrets line
@@ -159,7 +165,8 @@ static bool
 apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 			   const char *where, char **detail)
 {
-	const char *why = property_refusal(name, value, where != NULL);
+	bool		by_value;
+	const char *why = property_refusal(name, value, where != NULL, &by_value);
 	char		errstr[512];
 
 	if (why != NULL)
@@ -167,8 +174,7 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 		if (where != NULL)
 			*detail = psprintf("The property on %s cannot be set in the secrets file. %s",
 							   where, why);
-		else if (strcmp(name, "partitioner") == 0 || strcmp(name, "topic.partitioner") == 0 ||
-				 strcmp(name, "queuing.strategy") == 0 || strcmp(name, "topic.queuing.strategy") == 0)
+		else if (by_value)
 			*detail = psprintf("Property \"%s\" cannot be \"%s\". %s", name, value, why);
 		else
 			*detail = psprintf("Property \"%s\" cannot be set here. %s", name, why);
