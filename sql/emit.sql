@@ -82,6 +82,26 @@ SELECT t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', topic => %L)$$
 SELECT outbox.emit('order', '1', 'x', '{}', topic => repeat('a', 249)) IS NOT NULL AS longest_topic_ok;
 SELECT outbox.emit('order', '1', 'x', '{}', topic => '...') IS NOT NULL AS three_dots_ok;
 
+-- outbox.allowed_topics: patterns, checked for explicit and template topics
+SET outbox.allowed_topics = 'orders.*, *.audit, exact-one';
+SHOW outbox.allowed_topics;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'orders.v2') IS NOT NULL AS prefix_ok;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'billing.audit') IS NOT NULL AS suffix_ok;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'exact-one') IS NOT NULL AS exact_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'exact-one-more')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'orders')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'payments.v1')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}')$$);
+SET outbox.allowed_topics = 'outbox.event.*';
+SELECT outbox.emit('order', '1', 'x', '{}') IS NOT NULL AS template_topic_ok;
+SET outbox.allowed_topics = '*a*b*c';
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'xaxbxbxc') IS NOT NULL AS wildcards_backtrack_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'xaxbxcx')$$);
+SELECT t.err($$SET outbox.allowed_topics = 'orders/*'$$);
+SELECT t.err($$SET outbox.allowed_topics = 'orders.*,,billing.*'$$);
+RESET outbox.allowed_topics;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'payments.v1') IS NOT NULL AS empty_list_allows_all;
+
 -- required arguments
 SELECT t.err($$SELECT outbox.emit(NULL, '1', 'x', '{}')$$);
 SELECT t.err($$SELECT outbox.emit('order', NULL, 'x', '{}')$$);
@@ -93,6 +113,17 @@ SELECT t.err($$SELECT outbox.emit('order', '1', '', '{}')$$);
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', schema_version => 0)$$);
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', schema_version => NULL)$$);
 SELECT outbox.emit('order', '1', 'x', 'null') IS NOT NULL AS json_null_payload_ok;
+-- an empty key would be partitioned at random by the consistent_random partitioner
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', key => '')$$);
+
+-- occurred_at is sent as an RFC 3339 header: four-digit years, finite
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => 'infinity')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '-infinity')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '0044-03-15 12:00:00+00 BC')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '10000-01-01 00:00:00+00')$$);
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '9999-12-31 23:00:00-05')$$);
+SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '0001-01-01 00:00:00+00') IS NOT NULL AS year_1_ok;
+SELECT outbox.emit('order', '1', 'x', '{}', occurred_at => '9999-12-31 23:59:59.999999+00') IS NOT NULL AS year_9999_ok;
 
 -- headers: a JSON object of strings
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '["a"]')$$);
@@ -100,6 +131,24 @@ SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '"a"')$$);
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"retries": 3}')$$);
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"a": "b", "n": null}')$$);
 SELECT outbox.emit('order', '1', 'x', '{}', headers => '{}') IS NOT NULL AS empty_headers_ok;
+-- the relay's own header names cannot be forged, in any letter case
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"id": "forged", "seq": "999"}')$$);
+SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
+                       jsonb_build_object(h, 'forged')))
+  FROM unnest(ARRAY['id', 'event_type', 'aggregate_type', 'aggregate_id', 'seq',
+                    'schema_version', 'occurred_at', 'traceparent', 'tenant',
+                    'ID', 'Event_Type', 'TENANT']) AS h;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"": "v"}')$$);
+SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"idempotency_id": "a", "x-seq": "b"}') IS NOT NULL AS similar_names_ok;
+-- at most 64 headers, at most 16 kB of names and values
+SELECT outbox.emit('order', '1', 'x', '{}',
+                   headers => (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 64) i))
+       IS NOT NULL AS sixty_four_headers_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}',
+                   headers => (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 65) i))$$);
+SELECT outbox.emit('order', '1', 'x', '{}', headers => jsonb_build_object('big', repeat('v', 16381)))
+       IS NOT NULL AS sixteen_kb_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => jsonb_build_object('big', repeat('v', 16382)))$$);
 
 -- payload size limit, in bytes of JSON text, settable per session with units
 SHOW outbox.max_payload_bytes;
@@ -111,6 +160,25 @@ SET outbox.max_payload_bytes = 100;
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 200)))$$);
 RESET outbox.max_payload_bytes;
 SELECT t.err($$SET outbox.max_payload_bytes = 0$$);
+
+-- the whole message must fit librdkafka's message.max.bytes (default
+-- 1000000 here: outbox.kafka_config is empty), counted as librdkafka
+-- counts it: 36 bytes of record overhead, key, value, and each header's
+-- name, value and their varint lengths.  This event: key "k" (1), value
+-- {"s": "..."} (9 + n), headers id 40, event_type "x" 13, aggregate_type
+-- "order" 21, aggregate_id "1" 15, seq (3 + digits + 2), schema_version
+-- "1" 17, occurred_at 40, caller header "h": "v" 4.
+SET outbox.aggregate_sequence = off;
+SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 999804)), key => 'k',
+                   headers => '{"h": "v"}') IS NOT NULL AS message_at_limit_ok;
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 999805)), key => 'k',
+                   headers => '{"h": "v"}')$$);
+-- a two-byte header name length varint (64 bytes and more) counts too
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 999804 - 63)), key => 'k',
+                   headers => jsonb_build_object(repeat('h', 64), 'v'))$$);
+SELECT outbox.emit('order', '1', 'x', jsonb_build_object('s', repeat('a', 999804 - 64)), key => 'k',
+                   headers => jsonb_build_object(repeat('h', 64), 'v')) IS NOT NULL AS long_name_at_limit_ok;
+RESET outbox.aggregate_sequence;
 
 -- traceparent and tenant from the session, typically SET LOCAL per transaction
 BEGIN;
@@ -159,3 +227,22 @@ SELECT t.err($$SELECT * FROM outbox.status()$$);
 SELECT * FROM outbox.health();
 SELECT t.err($$SELECT outbox.metrics()$$);
 SELECT t.err($$SELECT * FROM outbox.health('0 s')$$);
+
+-- a writer cannot widen outbox.allowed_topics, not even by setting it before
+-- the library is loaded in its session (a placeholder set by a non-superuser
+-- is refused when the real setting is defined)
+CREATE ROLE outbox_writer LOGIN;
+GRANT USAGE ON SCHEMA outbox TO outbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz)
+  TO outbox_writer;
+ALTER ROLE outbox_writer SET outbox.allowed_topics = 'orders.*';
+SELECT current_user AS su \gset
+\c - outbox_writer
+SET outbox.allowed_topics = '*';
+SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', topic => 'payments.v1')$$);
+SHOW outbox.allowed_topics;
+SELECT outbox.emit('order', '1', 'x', '{}', topic => 'orders.v1') IS NOT NULL AS allowed_ok;
+SELECT t.err($$SET outbox.allowed_topics = '*'$$);
+\c - :su
+DROP OWNED BY outbox_writer;
+DROP ROLE outbox_writer;

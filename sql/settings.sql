@@ -14,6 +14,27 @@ ALTER SYSTEM SET outbox.kafka_config = 'message.timeout.ms=5000';
 -- a secret's value never appears in the error
 ALTER SYSTEM SET outbox.kafka_config = 'sasl.mechanisms=PLAIN;ssl.key.password';
 ALTER SYSTEM SET outbox.kafka_config = 'sasl.password=hunter2;acks=banana';
+-- properties that load or run code, or break per-key order, are refused,
+-- also with librdkafka's "topic." prefix
+ALTER SYSTEM SET outbox.kafka_config = 'plugin.library.paths=/tmp/evil.so';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.kafka_config = 'sasl.kerberos.kinit.cmd=touch /tmp/pwned';
+ALTER SYSTEM SET outbox.kafka_config = 'ssl.engine.location=/tmp/evil.so';
+ALTER SYSTEM SET outbox.kafka_config = 'ssl.providers=/tmp/evil';
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner=random';
+ALTER SYSTEM SET outbox.kafka_config = 'topic.partitioner=random';
+ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=lifo';
+ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=LIFO';
+ALTER SYSTEM SET outbox.kafka_config = 'topic.message.timeout.ms=5000';
+-- callbacks and interceptors have no string form: librdkafka refuses them
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner_cb=0x1234';
+ALTER SYSTEM SET outbox.kafka_config = 'interceptors=x';
+-- partitioners that hash the (never empty) key are fine
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner=consistent';
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner=consistent_random';
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner=murmur2';
+ALTER SYSTEM SET outbox.kafka_config = 'partitioner=fnv1a_random';
+ALTER SYSTEM SET outbox.kafka_config = 'message.max.bytes=2000';
 -- several properties, spaces allowed around them
 ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5; compression.codec=lz4; acks=all';
 ALTER SYSTEM RESET outbox.kafka_config;
@@ -32,6 +53,30 @@ COPY (SELECT 'sasl.password=hunter2' UNION ALL SELECT 'acks=banana') TO :'secret
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_bad.conf';
 COPY (SELECT 'sasl.password=hunter2;acks=all') TO :'secrets_semicolon';
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_semicolon.conf';
+-- errors about the file name the line, never any part of it
+\set secrets_nokv :datadir '/outbox_secrets_nokv.conf'
+\set secrets_badname :datadir '/outbox_secrets_badname.conf'
+\set secrets_badvalue :datadir '/outbox_secrets_badvalue.conf'
+\set secrets_long :datadir '/outbox_secrets_long.conf'
+\set secrets_plugin :datadir '/outbox_secrets_plugin.conf'
+\set secrets_size :datadir '/outbox_secrets_size.conf'
+\set secrets_maxline :datadir '/outbox_secrets_maxline.conf'
+COPY (SELECT 'sasl.username=outbox' UNION ALL SELECT 'hunter2') TO :'secrets_nokv';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_nokv.conf';
+COPY (SELECT '# comment' UNION ALL SELECT 'hunter2.no.such.property=1') TO :'secrets_badname';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_badname.conf';
+COPY (SELECT 'acks=hunter2') TO :'secrets_badvalue';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_badvalue.conf';
+COPY (SELECT 'sasl.username=outbox' UNION ALL SELECT 'sasl.password=hunter2' || repeat('x', 4096)) TO :'secrets_long';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_long.conf';
+COPY (SELECT 'plugin.library.paths=/tmp/hunter2.so') TO :'secrets_plugin';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_plugin.conf';
+-- emit() reads message.max.bytes from outbox.kafka_config only
+COPY (SELECT 'message.max.bytes=2000') TO :'secrets_size';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_size.conf';
+-- a line of 4096 bytes is the longest accepted
+COPY (SELECT 'sasl.password=' || repeat('x', 4096 - 14)) TO :'secrets_maxline';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_maxline.conf';
 ALTER SYSTEM RESET outbox.kafka_secrets_file;
 
 ALTER SYSTEM SET outbox.batch_size = 0;
@@ -53,8 +98,21 @@ SET ROLE outbox_plain;
 SELECT t.err($$SHOW outbox.kafka_config$$);
 SELECT t.err($$SHOW outbox.kafka_brokers$$);
 SELECT t.err($$SET outbox.aggregate_sequence = off$$);
+-- nor raise the payload limit or widen the topic allow-list
+SELECT t.err($$SET outbox.max_payload_bytes = '64kB'$$);
+SELECT t.err($$SET outbox.allowed_topics = '*'$$);
 -- session settings are anyone's
 SELECT t.err($$SET outbox.tenant = 'acme'$$);
-SELECT t.err($$SET outbox.max_payload_bytes = '64kB'$$);
 RESET ROLE;
 DROP ROLE outbox_plain;
+
+-- pg_monitor includes pg_read_all_settings: a monitoring role with it reads
+-- outbox.kafka_config (and every other superuser-only setting), but not
+-- the contents of the secrets file
+CREATE ROLE outbox_monitor IN ROLE pg_monitor;
+SET ROLE outbox_monitor;
+SELECT t.err($$SHOW outbox.kafka_config$$);
+SELECT t.err($$SHOW outbox.kafka_secrets_file$$);
+SELECT t.err(format('SELECT pg_read_file(%L)', :'secrets_ok'));
+RESET ROLE;
+DROP ROLE outbox_monitor;

@@ -14,6 +14,11 @@
  *	  transaction rolls its counter increment back too: seq stays gapless.
  *	- Everything a relay needs is resolved here, once: event id (UUIDv7),
  *	  topic (validated as a legal Kafka name), key, tenant, traceparent.
+ *	- Every argument is hostile input: an event emit() accepts cannot
+ *	  forge the relay's own headers, write to a topic outbox.allowed_topics
+ *	  does not allow, carry an occurred_at that is not RFC 3339, or be
+ *	  larger than librdkafka accepts (message.max.bytes, counted as
+ *	  librdkafka counts it, with every header the relay will send).
  *	- A transaction that emitted wakes its database's relay when it commits
  *	  (a latch in shared memory); an aborted or prepared one wakes nobody.
  *
@@ -29,6 +34,7 @@
 #include "port/pg_bswap.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
@@ -56,13 +62,15 @@ static const char *emit_sql_seq =
 " INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 " event_type, schema_version, topic, key, payload, headers, tenant,"
 " traceparent, occurred_at)"
-" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s";
+" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s"
+" RETURNING seq";
 
 static const char *emit_sql_noseq =
 "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 " event_type, schema_version, topic, key, payload, headers, tenant,"
 " traceparent, occurred_at)"
-" VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+" VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+" RETURNING seq";
 
 static SPIPlanPtr emit_plan_seq = NULL;
 static SPIPlanPtr emit_plan_noseq = NULL;
@@ -267,6 +275,126 @@ expand_topic_template(const char *tmpl, const char *aggregate_type,
 }
 
 /*
+ * next_pattern
+ *		The next comma-separated entry of outbox.allowed_topics, trimmed of
+ *		spaces: *start and *len, and where to go on.  NULL at the end.
+ */
+static const char *
+next_pattern(const char *p, const char **start, int *len)
+{
+	const char *end;
+
+	if (*p == '\0')
+		return NULL;
+	end = strchr(p, ',');
+	if (end == NULL)
+		end = p + strlen(p);
+	while (p < end && *p == ' ')
+		p++;
+	*start = p;
+	*len = (int) (end - p);
+	while (*len > 0 && p[*len - 1] == ' ')
+		(*len)--;
+	return *end == ',' ? end + 1 : end;
+}
+
+/*
+ * OutboxTopicPatternsAreValid
+ *		Check outbox.allowed_topics: empty, or comma-separated patterns of
+ *		topic name characters and '*'.  On failure *bad gets a detail
+ *		sentence.
+ */
+bool
+OutboxTopicPatternsAreValid(const char *patterns, char **bad)
+{
+	const char *p = patterns;
+	const char *start;
+	int			len;
+	int			n = 0;
+
+	if (patterns == NULL || strspn(patterns, " ") == strlen(patterns))
+		return true;
+	while ((p = next_pattern(p, &start, &len)) != NULL)
+	{
+		int			i;
+
+		n++;
+		if (len == 0)
+		{
+			*bad = psprintf("Entry %d of the list is empty.", n);
+			return false;
+		}
+		for (i = 0; i < len; i++)
+			if (start[i] != '*' && !OutboxTopicNameIsLegal(start + i, 1) && start[i] != '.')
+			{
+				*bad = psprintf("Character \"%c\" cannot appear in a topic pattern: "
+								"patterns have characters from [A-Za-z0-9._-] and the wildcard \"*\".",
+								start[i]);
+				return false;
+			}
+	}
+	return true;
+}
+
+/*
+ * pattern_matches
+ *		Whether topic matches pattern[0..plen), '*' matching any run of
+ *		characters, possibly empty.  Greedy with one backtrack point: the
+ *		last '*' seen is the only one worth retrying.
+ */
+static bool
+pattern_matches(const char *pattern, int plen, const char *topic)
+{
+	int			p = 0;
+	int			star = -1;
+	const char *t = topic;
+	const char *star_t = NULL;
+
+	while (*t)
+	{
+		if (p < plen && pattern[p] == '*')
+		{
+			star = p++;
+			star_t = t;
+		}
+		else if (p < plen && pattern[p] == *t)
+		{
+			p++;
+			t++;
+		}
+		else if (star >= 0)
+		{
+			p = star + 1;
+			t = ++star_t;
+		}
+		else
+			return false;
+	}
+	while (p < plen && pattern[p] == '*')
+		p++;
+	return p == plen;
+}
+
+/*
+ * topic_is_allowed
+ *		Whether outbox.allowed_topics lets emit() write to topic.
+ */
+static bool
+topic_is_allowed(const char *topic)
+{
+	const char *p = outbox_allowed_topics;
+	const char *start;
+	int			len;
+
+	if (p == NULL || strspn(p, " ") == strlen(p))
+		return true;
+	while ((p = next_pattern(p, &start, &len)) != NULL)
+		if (pattern_matches(start, len, topic))
+			return true;
+	return false;
+}
+
+/*
  * generate_uuid_v7
  *		Fill *uuid with an RFC 9562 version 7 UUID.
  *
@@ -323,15 +451,24 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *name)
 /*
  * check_headers
  *		Headers must be a JSON object of string values: each becomes a Kafka
- *		header whose value is that string.
+ *		header whose value is that string, sent after the relay's own.  No
+ *		name may be empty or one of the relay's (OutboxHeaderNames), in any
+ *		letter case: Kafka header names are case-sensitive, but a reader
+ *		that folds case must not see a forged "ID" either.  At most
+ *		OUTBOX_CALLER_HEADERS_MAX headers of OUTBOX_CALLER_HEADER_BYTES_MAX
+ *		bytes (names and values).  The names and values, palloc'd, go to
+ *		event for the size check.
  */
 static void
-check_headers(Jsonb *headers)
+check_headers(Jsonb *headers, OutboxEvent *event)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
 	JsonbIteratorToken tok;
 	char	   *key = NULL;
+	int			count;
+	size_t		bytes = 0;
+	int			n = 0;
 
 	if (!JB_ROOT_IS_OBJECT(headers))
 		ereport(ERROR,
@@ -340,17 +477,104 @@ check_headers(Jsonb *headers)
 				 errdetail("The headers argument is a JSON %s.",
 						   JB_ROOT_IS_SCALAR(headers) ? "scalar" : "array")));
 
+	count = JB_ROOT_COUNT(headers);
+	if (count > OUTBOX_CALLER_HEADERS_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("an event can have at most %d headers, not %d",
+						OUTBOX_CALLER_HEADERS_MAX, count)));
+	event->header_names = palloc(sizeof(char *) * Max(count, 1));
+	event->header_values = palloc(sizeof(char *) * Max(count, 1));
+
 	it = JsonbIteratorInit(&headers->root);
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
 		if (tok == WJB_KEY)
+		{
+			int			i;
+
 			key = pnstrdup(v.val.string.val, v.val.string.len);
-		else if (tok == WJB_VALUE && v.type != jbvString)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("headers must be a JSON object of string values"),
-					 errdetail("Header \"%s\" is not a JSON string.", key)));
+			if (key[0] == '\0')
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("header names must not be empty")));
+			for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+				if (pg_strcasecmp(key, OutboxHeaderNames[i]) == 0)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("header \"%s\" is reserved", key),
+							 errdetail("The relay sets headers id, event_type, aggregate_type, "
+									   "aggregate_id, seq, schema_version, occurred_at, "
+									   "traceparent and tenant itself; their names are "
+									   "reserved in any letter case.")));
+			bytes += v.val.string.len;
+		}
+		else if (tok == WJB_VALUE)
+		{
+			if (v.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("headers must be a JSON object of string values"),
+						 errdetail("Header \"%s\" is not a JSON string.", key)));
+			bytes += v.val.string.len;
+			event->header_names[n] = key;
+			event->header_values[n++] = pnstrdup(v.val.string.val, v.val.string.len);
+		}
 	}
+	if (bytes > OUTBOX_CALLER_HEADER_BYTES_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("event headers are %zu bytes, more than %d",
+						bytes, OUTBOX_CALLER_HEADER_BYTES_MAX),
+				 errdetail("Header names and values count.")));
+	event->nheaders = n;
+}
+
+/*
+ * format_occurred_at
+ *		occurred_at as the relay sends it (RFC 3339 in UTC, microseconds,
+ *		the form store.c's format_timestamp writes), or an error when it
+ *		has no such form: infinite, before year 1 or after year 9999.
+ */
+static char *
+format_occurred_at(TimestampTz ts)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+
+	if (TIMESTAMP_NOT_FINITE(ts) ||
+		timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) != 0 ||
+		tm.tm_year < 1 || tm.tm_year > 9999)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("occurred_at must be between years 1 and 9999 in UTC"),
+				 errdetail("The relay sends it as an RFC 3339 timestamp, which has four-digit years.")));
+	return psprintf("%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min,
+					tm.tm_sec, (int) fsec);
+}
+
+/*
+ * check_message_size
+ *		Refuse an event librdkafka would refuse as larger than the
+ *		producer's message.max.bytes: the same sum, the same limit, so what
+ *		emit() accepts the relay can produce.
+ */
+static void
+check_message_size(const OutboxEvent *event)
+{
+	size_t		headers_size;
+	size_t		total = OutboxEventWireSize(event, &headers_size);
+
+	if (total > (size_t) outbox_kafka_message_max_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("event is %zu bytes as a Kafka message, more than the producer's limit of %d bytes",
+						total, outbox_kafka_message_max_bytes),
+				 errdetail("Payload %d bytes, key %zu bytes, headers %zu bytes (the relay's and the caller's), record overhead %zu bytes.",
+						   event->payload_len, strlen(event->key), headers_size,
+						   total - headers_size - strlen(event->key) - (size_t) event->payload_len),
+				 errhint("The limit is librdkafka's message.max.bytes, set in outbox.kafka_config.")));
 }
 
 /*
@@ -377,6 +601,9 @@ outbox_emit(PG_FUNCTION_ARGS)
 	char		nulls[EMIT_NARGS];
 	SPIPlanPtr *planp;
 	int			rc;
+	OutboxEvent event;
+	TimestampTz occurred_at;
+	bool		seq_isnull;
 
 	PreventCommandIfReadOnly("outbox.emit()");
 	PreventCommandDuringRecovery("outbox.emit()");
@@ -399,8 +626,10 @@ outbox_emit(PG_FUNCTION_ARGS)
 				 errmsg("event payload is %zu bytes, more than outbox.max_payload_bytes (%d bytes)",
 						payload_len, outbox_max_payload_bytes)));
 
+	memset(&event, 0, sizeof(event));
+	event.payload_len = (int) payload_len;
 	if (!PG_ARGISNULL(4))
-		check_headers(PG_GETARG_JSONB_P(4));
+		check_headers(PG_GETARG_JSONB_P(4), &event);
 
 	if (!PG_ARGISNULL(5))
 	{
@@ -424,6 +653,23 @@ outbox_emit(PG_FUNCTION_ARGS)
 					 errhint("The name comes from outbox.topic_template \"%s\"; pass a topic or change the template.",
 							 outbox_topic_template)));
 	}
+	if (!topic_is_allowed(topic))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("events cannot be emitted to topic \"%s\"", topic),
+				 errdetail("The topic does not match outbox.allowed_topics."),
+				 errhint("A superuser sets outbox.allowed_topics.")));
+
+	/* an empty key would be partitioned at random by consistent_random */
+	if (!PG_ARGISNULL(6) && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(6)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("key must not be empty"),
+				 errhint("Pass NULL to use the aggregate id as the key.")));
+
+	occurred_at = PG_ARGISNULL(9) ? GetCurrentTransactionStartTimestamp() :
+		PG_GETARG_TIMESTAMPTZ(9);
+	event.occurred_at = format_occurred_at(occurred_at);
 
 	if (!PG_ARGISNULL(8))
 	{
@@ -467,9 +713,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 		nulls[10] = 'n';
 	else
 		values[10] = CStringGetTextDatum(outbox_traceparent);
-	values[11] = PG_ARGISNULL(9) ?
-		TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()) :
-		PG_GETARG_DATUM(9);
+	values[11] = TimestampTzGetDatum(occurred_at);
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -493,9 +737,26 @@ outbox_emit(PG_FUNCTION_ARGS)
 	}
 
 	rc = SPI_execute_plan(*planp, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT || SPI_processed != 1)
+	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+
+	/*
+	 * The size check needs the seq header, known only now; an error here
+	 * rolls the insert and the counter back with the caller's transaction.
+	 */
+	event.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 1, &seq_isnull));
+	event.has_seq = !seq_isnull;
+	event.event_id = DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(event_id)));
+	event.aggregate_type = text_to_cstring(aggregate_type);
+	event.aggregate_id = text_to_cstring(aggregate_id);
+	event.event_type = text_to_cstring(event_type);
+	event.schema_version = schema_version;
+	event.key = TextDatumGetCString(values[6]);
+	event.tenant = nulls[9] == 'n' ? NULL : outbox_tenant;
+	event.traceparent = nulls[10] == 'n' ? NULL : outbox_traceparent;
+	check_message_size(&event);
 
 	SPI_finish();
 

@@ -41,6 +41,22 @@ struct OutboxProducer
 	rd_kafka_topic_t **topics;
 };
 
+/*
+ * The relay's own Kafka headers, named once for the relay (OutboxProducerSend)
+ * and for emit(), which refuses caller headers of these names.
+ */
+const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS] = {
+	[OUTBOX_HEADER_ID] = "id",
+	[OUTBOX_HEADER_EVENT_TYPE] = "event_type",
+	[OUTBOX_HEADER_AGGREGATE_TYPE] = "aggregate_type",
+	[OUTBOX_HEADER_AGGREGATE_ID] = "aggregate_id",
+	[OUTBOX_HEADER_SEQ] = "seq",
+	[OUTBOX_HEADER_SCHEMA_VERSION] = "schema_version",
+	[OUTBOX_HEADER_OCCURRED_AT] = "occurred_at",
+	[OUTBOX_HEADER_TRACEPARENT] = "traceparent",
+	[OUTBOX_HEADER_TENANT] = "tenant",
+};
+
 /* properties outbox owns; setting them in outbox.kafka_config is refused */
 static const char *const reserved_properties[][2] = {
 	{"bootstrap.servers", "Set outbox.kafka_brokers instead."},
@@ -59,6 +75,36 @@ static const char *const reserved_properties[][2] = {
 	{"message.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
 	{"delivery.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
 	{"log.queue", "The relay serves librdkafka logs from its own thread."},
+
+	/*
+	 * Properties that make the server process load or run code named in a
+	 * setting: a configuration mistake or a stolen superuser session should
+	 * not become a shared library in every backend (librdkafka loads
+	 * plugins as soon as the property is set, in the check hook).
+	 */
+	{"plugin.library.paths", "It loads shared libraries into the server."},
+	{"ssl.engine.location", "It loads a shared library into the server."},
+	{"ssl.providers", "It loads OpenSSL provider modules into the server; configure them in OpenSSL's own configuration file."},
+	{"sasl.kerberos.kinit.cmd", "It runs a shell command from the server; keep librdkafka's default kinit command."},
+};
+
+/*
+ * Values of a property that are refused.  The relay always sends a
+ * non-empty key (emit() refuses an empty one), so every other partitioner
+ * maps a key to one partition: the *_random ones are random only for a
+ * NULL key (consistent_random also for an empty one).
+ */
+static const char *const refused_values[][3] = {
+	{"partitioner", "random", "Events of one aggregate must go to one partition: use a partitioner that hashes the key."},
+	{"queuing.strategy", "lifo", "The relay's ordering promise needs queuing.strategy fifo."},
+};
+
+/*
+ * In the secrets file: a property emit() must see too (it is read from
+ * outbox.kafka_config only, by every backend).
+ */
+static const char *const not_secret_properties[][2] = {
+	{"message.max.bytes", "It belongs in outbox.kafka_config, where emit() reads it to check event sizes."},
 };
 
 static bool
@@ -70,57 +116,142 @@ property_is_secret(const char *name)
 }
 
 /*
- * apply_config
- *		Parse "k=v;k=v" into conf.  On failure *detail is a sentence naming
- *		the property; a secret property's value never appears in it.
+ * property_refusal
+ *		Why outbox refuses this property and value, or NULL; *by_value
+ *		tells whether only this value is refused.  librdkafka also accepts a
+ *		topic property with a "topic." prefix, so the name is judged without
+ *		it too; it reads some values (queuing.strategy) in any letter case.
+ */
+static const char *
+property_refusal(const char *name, const char *value, bool from_secrets,
+				 bool *by_value)
+{
+	const char *bare = name;
+	int			i;
+
+	*by_value = false;
+	if (strncmp(bare, "topic.", 6) == 0)
+		bare += 6;
+	for (i = 0; i < lengthof(reserved_properties); i++)
+		if (strcmp(name, reserved_properties[i][0]) == 0 ||
+			strcmp(bare, reserved_properties[i][0]) == 0)
+			return reserved_properties[i][1];
+	for (i = 0; i < lengthof(refused_values); i++)
+		if ((strcmp(name, refused_values[i][0]) == 0 ||
+			 strcmp(bare, refused_values[i][0]) == 0) &&
+			pg_strcasecmp(value, refused_values[i][1]) == 0)
+		{
+			*by_value = true;
+			return refused_values[i][2];
+		}
+	if (from_secrets)
+		for (i = 0; i < lengthof(not_secret_properties); i++)
+			if (strcmp(name, not_secret_properties[i][0]) == 0 ||
+				strcmp(bare, not_secret_properties[i][0]) == 0)
+				return not_secret_properties[i][1];
+	return NULL;
+}
+
+/*
+ * apply_property
+ *		Judge one name=value and set it in conf.  With where NULL it comes
+ *		from outbox.kafka_config, and *detail may name the
+ *		property (never a secret property's value).  Otherwise it comes from
+ *		the secrets file, where says where ("line 3 of \"path\""), and
+ *		*detail names nothing but that place: any part of a secrets line
+ *		may be a secret.
  */
 static bool
-apply_config(rd_kafka_conf_t *conf, const char *text, char **detail)
+apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
+			   const char *where, char **detail)
+{
+	bool		by_value;
+	const char *why = property_refusal(name, value, where != NULL, &by_value);
+	char		errstr[512];
+
+	if (why != NULL)
+	{
+		if (where != NULL)
+			*detail = psprintf("The property on %s cannot be set in the secrets file. %s",
+							   where, why);
+		else if (by_value)
+			*detail = psprintf("Property \"%s\" cannot be \"%s\". %s", name, value, why);
+		else
+			*detail = psprintf("Property \"%s\" cannot be set here. %s", name, why);
+		return false;
+	}
+	if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		if (where != NULL)
+			*detail = psprintf("librdkafka rejects the property on %s.", where);
+		else if (property_is_secret(name))
+			*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
+		else
+			*detail = psprintf("librdkafka rejects property \"%s\": %s.", name, errstr);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * split_property
+ *		Split "name = value" in place; false when there is no '='.
+ */
+static bool
+split_property(char *item, char **name, char **value)
+{
+	char	   *eq = strchr(item, '=');
+
+	if (eq == NULL)
+		return false;
+	*eq = '\0';
+	*name = item;
+	*value = eq + 1;
+	while (eq > item && (eq[-1] == ' ' || eq[-1] == '\t'))
+		*--eq = '\0';
+	return true;
+}
+
+/*
+ * apply_config
+ *		Parse "k=v;k=v" into conf.  On failure *detail is a sentence naming
+ *		the property; a secret property's value never appears in it.  With
+ *		from_secrets, the text is the secrets file's, joined: a failure
+ *		names only the entry's number.
+ */
+static bool
+apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
+			 char **detail)
 {
 	char	   *copy = pstrdup(text ? text : "");
 	char	   *item;
 	char	   *save = NULL;
+	int			n = 0;
 
 	for (item = strtok_r(copy, ";", &save); item != NULL;
 		 item = strtok_r(NULL, ";", &save))
 	{
-		char	   *eq;
 		char	   *name;
 		char	   *value;
-		char		errstr[512];
-		int			i;
 
 		while (*item == ' ' || *item == '\t' || *item == '\n')
 			item++;
 		if (*item == '\0')
 			continue;
-		eq = strchr(item, '=');
-		if (eq == NULL)
+		n++;
+		if (!split_property(item, &name, &value))
 		{
-			*detail = psprintf("Entry \"%.64s\" is not of the form key=value.",
-							   property_is_secret(item) ? "(hidden)" : item);
-			return false;
-		}
-		*eq = '\0';
-		name = item;
-		value = eq + 1;
-		while (eq > name && (eq[-1] == ' ' || eq[-1] == '\t'))
-			*--eq = '\0';
-		for (i = 0; i < lengthof(reserved_properties); i++)
-			if (strcmp(name, reserved_properties[i][0]) == 0)
-			{
-				*detail = psprintf("Property \"%s\" cannot be set here. %s",
-								   name, reserved_properties[i][1]);
-				return false;
-			}
-		if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		{
-			if (property_is_secret(name))
-				*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
+			if (from_secrets)
+				*detail = psprintf("Entry %d of outbox.kafka_secrets_file is not of the form key=value.", n);
 			else
-				*detail = psprintf("librdkafka rejects property \"%s\": %s.", name, errstr);
+				*detail = psprintf("Entry \"%.64s\" is not of the form key=value.",
+								   property_is_secret(item) ? "(hidden)" : item);
 			return false;
 		}
+		if (!apply_property(conf, name, value,
+							from_secrets ? psprintf("entry %d of outbox.kafka_secrets_file", n) : NULL,
+							detail))
+			return false;
 	}
 	return true;
 }
@@ -134,10 +265,118 @@ bool
 OutboxKafkaCheckConfig(const char *text, char **detail)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	bool		ok = apply_config(conf, text, detail);
+	bool		ok = apply_config(conf, text, false, detail);
 
 	rd_kafka_conf_destroy(conf);
 	return ok;
+}
+
+/*
+ * OutboxKafkaMessageMaxBytes
+ *		The producer's effective message.max.bytes under outbox.kafka_config
+ *		text, as librdkafka reports it (its default when unset), or -1 when
+ *		the text is not a valid configuration.  Called when the setting
+ *		changes, not per event.  Never throws.
+ */
+int
+OutboxKafkaMessageMaxBytes(const char *text)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char	   *detail = NULL;
+	char		buf[32];
+	size_t		size = sizeof(buf);
+	int			result = -1;
+
+	if (apply_config(conf, text, false, &detail) &&
+		rd_kafka_conf_get(conf, "message.max.bytes", buf, &size) == RD_KAFKA_CONF_OK)
+		result = atoi(buf);
+	rd_kafka_conf_destroy(conf);
+	return result;
+}
+
+/*
+ * Per-record overhead librdkafka adds before comparing a message with
+ * message.max.bytes (rd_kafka_msg_new0() in rdkafka_msg.c,
+ * RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD in rdkafka_proto.h): the worst-case
+ * varint sizes of Length (5), Attributes (1), TimestampDelta (10),
+ * OffsetDelta (5), KeyLen (5), ValueLen (5), HeaderCnt (5).
+ */
+#define LIBRDKAFKA_RECORD_OVERHEAD (5 + 1 + 10 + 5 + 5 + 5 + 5)
+
+/* bytes of a zig-zag varint of a non-negative n (rd_uvarint_enc_i64) */
+static size_t
+varint_size(size_t n)
+{
+	uint64		v = (uint64) n << 1;
+	size_t		bytes = 1;
+
+	while (v > 0x7f)
+	{
+		v >>= 7;
+		bytes++;
+	}
+	return bytes;
+}
+
+/* a header as librdkafka counts it (rd_kafka_header_add0 in rdkafka_header.c) */
+static size_t
+header_wire_size(const char *name, const char *value)
+{
+	size_t		nlen = strlen(name);
+	size_t		vlen = strlen(value);
+
+	return nlen + vlen + varint_size(nlen) + varint_size(vlen);
+}
+
+/*
+ * relay_header_values
+ *		The values of the relay's own headers for event, NULL for those it
+ *		does not send.  num must hold two numbers (seq, schema_version).
+ */
+static void
+relay_header_values(const OutboxEvent *event, const char **values, char num[2][32])
+{
+	values[OUTBOX_HEADER_ID] = event->event_id;
+	values[OUTBOX_HEADER_EVENT_TYPE] = event->event_type;
+	values[OUTBOX_HEADER_AGGREGATE_TYPE] = event->aggregate_type;
+	values[OUTBOX_HEADER_AGGREGATE_ID] = event->aggregate_id;
+	values[OUTBOX_HEADER_SEQ] = NULL;
+	if (event->has_seq)
+	{
+		snprintf(num[0], sizeof(num[0]), INT64_FORMAT, event->seq);
+		values[OUTBOX_HEADER_SEQ] = num[0];
+	}
+	snprintf(num[1], sizeof(num[1]), "%d", event->schema_version);
+	values[OUTBOX_HEADER_SCHEMA_VERSION] = num[1];
+	values[OUTBOX_HEADER_OCCURRED_AT] = event->occurred_at;
+	values[OUTBOX_HEADER_TRACEPARENT] = event->traceparent;
+	values[OUTBOX_HEADER_TENANT] = event->tenant;
+}
+
+/*
+ * OutboxEventWireSize
+ *		The size librdkafka compares with message.max.bytes when the relay
+ *		produces event (OutboxProducerSend): overhead, key, value, and every
+ *		header, the relay's and the caller's.  *headers_size gets the
+ *		headers' share.
+ */
+size_t
+OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
+{
+	const char *values[OUTBOX_NUM_HEADERS];
+	char		num[2][32];
+	size_t		hdrs = 0;
+	int			i;
+
+	relay_header_values(event, values, num);
+	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+		if (values[i] != NULL)
+			hdrs += header_wire_size(OutboxHeaderNames[i], values[i]);
+	for (i = 0; i < event->nheaders; i++)
+		hdrs += header_wire_size(event->header_names[i], event->header_values[i]);
+	*headers_size = hdrs;
+	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
+		(size_t) event->payload_len + hdrs;
 }
 
 static void
@@ -217,20 +456,25 @@ OutboxProducerBrokersUp(OutboxProducer *producer)
 }
 
 #define SECRETS_FILE_MAX (64 * 1024)
+#define SECRETS_LINE_MAX 4096
 
 /*
  * OutboxKafkaReadSecrets
- *		Read the outbox.kafka_secrets_file: librdkafka properties, one
- *		key=value per line, '#' starting a comment line.  Returns them as
- *		"k=v;k=v" (palloc'd), or NULL with *errmsg set; neither the result
- *		nor any message shows a value.
+ *		Read and judge the outbox.kafka_secrets_file: librdkafka properties,
+ *		one key=value per line of at most SECRETS_LINE_MAX bytes, '#'
+ *		starting a comment line.  Returns them as "k=v;k=v" (palloc'd), or
+ *		NULL with *errmsg set.  Neither the result's users nor any message
+ *		shows any part of a line: a message names the line by number.
  */
 char *
 OutboxKafkaReadSecrets(const char *path, char **errmsg)
 {
 	FILE	   *f;
 	StringInfoData out;
-	char		line[4096];
+	rd_kafka_conf_t *conf;
+
+	/* room for a longest line, its \r\n and the terminator */
+	char		line[SECRETS_LINE_MAX + 3];
 	int			lineno = 0;
 
 	f = AllocateFile(path, "r");
@@ -240,51 +484,73 @@ OutboxKafkaReadSecrets(const char *path, char **errmsg)
 		return NULL;
 	}
 	initStringInfo(&out);
+	conf = rd_kafka_conf_new();
 	while (fgets(line, sizeof(line), f) != NULL)
 	{
 		char	   *p = line;
+		char	   *item;
+		char	   *name;
+		char	   *value;
 		size_t		len;
 
 		lineno++;
+		len = strcspn(line, "\r\n");
+		if ((line[len] == '\0' && !feof(f)) || len > SECRETS_LINE_MAX)
+		{
+			*errmsg = psprintf("Line %d of \"%s\" is longer than %d bytes.",
+							   lineno, path, SECRETS_LINE_MAX);
+			goto fail;
+		}
+		line[len] = '\0';
 		while (*p == ' ' || *p == '\t')
 			p++;
-		len = strcspn(p, "\r\n");
-		p[len] = '\0';
 		if (*p == '\0' || *p == '#')
 			continue;
 		if (strchr(p, ';') != NULL)
 		{
-			FreeFile(f);
 			*errmsg = psprintf("Line %d of \"%s\" contains \";\": write one property per line.",
 							   lineno, path);
-			return NULL;
+			goto fail;
 		}
-		if (out.len + len > SECRETS_FILE_MAX)
+		if (out.len + strlen(p) > SECRETS_FILE_MAX)
 		{
-			FreeFile(f);
 			*errmsg = psprintf("\"%s\" is larger than %d bytes.", path, SECRETS_FILE_MAX);
-			return NULL;
+			goto fail;
 		}
 		appendStringInfo(&out, "%s%s", out.len > 0 ? ";" : "", p);
+		item = pstrdup(p);
+		if (!split_property(item, &name, &value))
+		{
+			*errmsg = psprintf("Line %d of \"%s\" is not of the form key=value.",
+							   lineno, path);
+			goto fail;
+		}
+		if (!apply_property(conf, name, value,
+							psprintf("line %d of \"%s\"", lineno, path), errmsg))
+			goto fail;
+		pfree(item);
 	}
+	rd_kafka_conf_destroy(conf);
 	FreeFile(f);
 	return out.data;
+
+fail:
+	rd_kafka_conf_destroy(conf);
+	FreeFile(f);
+	return NULL;
 }
 
 /*
  * OutboxKafkaCheckSecretsFile
  *		Check hook body for outbox.kafka_secrets_file: readable, and every
- *		property in it accepted by librdkafka.  Never throws.
+ *		property in it accepted by outbox and librdkafka.  Never throws.
  */
 bool
 OutboxKafkaCheckSecretsFile(const char *path, char **detail)
 {
-	char	   *text;
-
 	if (path == NULL || path[0] == '\0')
 		return true;
-	text = OutboxKafkaReadSecrets(path, detail);
-	return text != NULL && OutboxKafkaCheckConfig(text, detail);
+	return OutboxKafkaReadSecrets(path, detail) != NULL;
 }
 
 /*
@@ -328,8 +594,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
 		return NULL;
 	}
-	if (!apply_config(conf, conftext, &detail) ||
-		(secrets != NULL && !apply_config(conf, secrets, &detail)))
+	if (!apply_config(conf, conftext, false, &detail) ||
+		(secrets != NULL && !apply_config(conf, secrets, true, &detail)))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = detail;
@@ -468,7 +734,8 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 {
 	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
-	char		num[32];
+	const char *values[OUTBOX_NUM_HEADERS];
+	char		num[2][32];
 	int			i;
 
 	/* a page is mostly one topic: compare with the last one first */
@@ -476,23 +743,11 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		strcmp(rd_kafka_topic_name(producer->topics[producer->ntopics - 1]), event->topic) != 0)
 		know_topic(producer, event->topic);
 
-	hdrs = rd_kafka_headers_new(9 + event->nheaders);
-	add_header(hdrs, "id", event->event_id);
-	add_header(hdrs, "event_type", event->event_type);
-	add_header(hdrs, "aggregate_type", event->aggregate_type);
-	add_header(hdrs, "aggregate_id", event->aggregate_id);
-	if (event->has_seq)
-	{
-		snprintf(num, sizeof(num), INT64_FORMAT, event->seq);
-		add_header(hdrs, "seq", num);
-	}
-	snprintf(num, sizeof(num), "%d", event->schema_version);
-	add_header(hdrs, "schema_version", num);
-	add_header(hdrs, "occurred_at", event->occurred_at);
-	if (event->traceparent != NULL)
-		add_header(hdrs, "traceparent", event->traceparent);
-	if (event->tenant != NULL)
-		add_header(hdrs, "tenant", event->tenant);
+	relay_header_values(event, values, num);
+	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);
+	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+		if (values[i] != NULL)
+			add_header(hdrs, OutboxHeaderNames[i], values[i]);
 	for (i = 0; i < event->nheaders; i++)
 		add_header(hdrs, event->header_names[i], event->header_values[i]);
 

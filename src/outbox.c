@@ -31,6 +31,8 @@ char	   *outbox_tenant = NULL;
 char	   *outbox_kafka_brokers = NULL;
 char	   *outbox_kafka_config = NULL;
 char	   *outbox_kafka_secrets_file = NULL;
+int			outbox_kafka_message_max_bytes = OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT;
+char	   *outbox_allowed_topics = NULL;
 int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
 int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
@@ -74,19 +76,59 @@ check_traceparent(char **newval, void **extra, GucSource source)
 	return false;
 }
 
+/*
+ * check_kafka_config
+ *		librdkafka judges the properties; the producer's effective
+ *		message.max.bytes under them is computed here, once per change, and
+ *		installed by assign_kafka_config for emit()'s size check.
+ */
 static bool
 check_kafka_config(char **newval, void **extra, GucSource source)
 {
 	char	   *detail = NULL;
 
 	if (OutboxKafkaCheckConfig(*newval, &detail))
+	{
+		int			max_bytes = OutboxKafkaMessageMaxBytes(*newval);
+		int		   *result;
+
+		if (max_bytes <= 0)
+		{
+			GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
+			GUC_check_errdetail("librdkafka reports no usable message.max.bytes.");
+			return false;
+		}
+		/* guc.c frees extra with free() (guc_malloc is not exported in 15) */
+		result = malloc(sizeof(int));
+		if (result == NULL)
+			return false;
+		*result = max_bytes;
+		*extra = result;
 		return true;
+	}
 	/*
 	 * Neither message may show the value: it may carry a secret, and the
 	 * default message would quote it whole.
 	 */
 	GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
 	GUC_check_errdetail("%s", detail);
+	return false;
+}
+
+static void
+assign_kafka_config(const char *newval, void *extra)
+{
+	outbox_kafka_message_max_bytes = *(int *) extra;
+}
+
+static bool
+check_allowed_topics(char **newval, void **extra, GucSource source)
+{
+	char	   *bad = NULL;
+
+	if (OutboxTopicPatternsAreValid(*newval, &bad))
+		return true;
+	GUC_check_errdetail("%s", bad);
 	return false;
 }
 
@@ -126,7 +168,7 @@ _PG_init(void)
 							NULL,
 							&outbox_max_payload_bytes,
 							OUTBOX_MAX_PAYLOAD_DEFAULT, 1, INT_MAX,
-							PGC_USERSET, GUC_UNIT_BYTE,
+							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.traceparent",
@@ -169,7 +211,16 @@ _PG_init(void)
 							   &outbox_kafka_config,
 							   "",
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
-							   check_kafka_config, NULL, NULL);
+							   check_kafka_config, assign_kafka_config, NULL);
+
+	DefineCustomStringVariable("outbox.allowed_topics",
+							   "Topics emit() may write to: comma-separated patterns, * matching any run of characters.",
+							   "Empty allows every legal topic name.  EXECUTE on emit() is write access, "
+							   "with the relay's Kafka principal, to the topics this allows.",
+							   &outbox_allowed_topics,
+							   "",
+							   PGC_SUSET, GUC_LIST_INPUT,
+							   check_allowed_topics, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.batch_size",
 							"Events a relay reads and publishes per page.",

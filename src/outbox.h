@@ -41,6 +41,35 @@
 
 #define OUTBOX_TOPIC_MAX_LEN		249
 
+/* caller headers of one event (emit.c): how many, and bytes of names+values */
+#define OUTBOX_CALLER_HEADERS_MAX	64
+#define OUTBOX_CALLER_HEADER_BYTES_MAX (16 * 1024)
+
+/* librdkafka's message.max.bytes when outbox.kafka_config leaves it unset */
+#define OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT 1000000
+
+/*
+ * The Kafka headers the relay writes itself, in the order it writes them
+ * (kafka.c), before the caller's.  emit() refuses caller headers of these
+ * names (emit.c): a reader taking the last header of a name would see the
+ * caller's.  Names are in OutboxHeaderNames; add a new one here and there.
+ */
+typedef enum OutboxHeader
+{
+	OUTBOX_HEADER_ID = 0,
+	OUTBOX_HEADER_EVENT_TYPE,
+	OUTBOX_HEADER_AGGREGATE_TYPE,
+	OUTBOX_HEADER_AGGREGATE_ID,
+	OUTBOX_HEADER_SEQ,
+	OUTBOX_HEADER_SCHEMA_VERSION,
+	OUTBOX_HEADER_OCCURRED_AT,
+	OUTBOX_HEADER_TRACEPARENT,
+	OUTBOX_HEADER_TENANT,
+	OUTBOX_NUM_HEADERS
+} OutboxHeader;
+
+extern const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS];
+
 typedef enum OutboxPoisonPolicy
 {
 	OUTBOX_POISON_BLOCK,
@@ -65,6 +94,8 @@ extern char *outbox_tenant;
 extern char *outbox_kafka_brokers;
 extern char *outbox_kafka_config;
 extern char *outbox_kafka_secrets_file;
+extern int	outbox_kafka_message_max_bytes;
+extern char *outbox_allowed_topics;
 extern int	outbox_batch_size;
 extern int	outbox_poll_interval;
 extern bool outbox_enabled;
@@ -81,6 +112,7 @@ extern int	outbox_delivery_timeout;
 extern bool OutboxTopicNameIsLegal(const char *name, int len);
 extern bool OutboxTraceparentIsValid(const char *value);
 extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
+extern bool OutboxTopicPatternsAreValid(const char *patterns, char **bad);
 extern void OutboxEmitInit(void);
 
 /* shmem.c */
@@ -243,6 +275,8 @@ typedef struct OutboxEvent
 #define OUTBOX_EVENT_PARKED			3
 
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
+extern int	OutboxKafkaMessageMaxBytes(const char *conf);
+extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
 extern char *OutboxKafkaReadSecrets(const char *path, char **errmsg);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
 extern OutboxProducer *OutboxProducerCreate(const char *brokers,

@@ -55,6 +55,7 @@ our @EXPORT = qw(
   poll_until
   relay_state_is
   query_json
+  insert_event_sql
 );
 
 # librdkafka settings that make a test notice a broker change quickly
@@ -430,6 +431,39 @@ sub relay_state_is
 
 	return poll_until($node, $dbname, 'SELECT state FROM outbox.status()',
 		$state, $timeout // 15);
+}
+
+=pod
+
+=item insert_event_sql(aggregate_type, aggregate_id, event_type, payload_sql [, topic])
+
+SQL (a superuser's) that writes an event row the way emit() does (counter
+upsert, seq, topic from outbox.topic_template unless given, key = aggregate
+id), without emit()'s checks, and returns its event id.  For events emit()
+refuses, such as one larger than message.max.bytes, that a relay must still
+handle: rows written before a limit was lowered, or inserted without emit()
+(the safety poll finds them).  payload_sql is an SQL expression.
+
+=cut
+
+sub insert_event_sql
+{
+	my ($type, $id, $event_type, $payload_sql, $topic) = @_;
+	my $topic_sql =
+	  defined $topic
+	  ? "'$topic'"
+	  : "replace(replace(current_setting('outbox.topic_template'), '{aggregate_type}', '$type'), '{event_type}', '$event_type')";
+
+	return qq{WITH s AS (
+ INSERT INTO outbox.aggregates AS a (aggregate_type, aggregate_id, last_seq)
+ VALUES ('$type', '$id', 1)
+ ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + 1
+ RETURNING a.last_seq)
+INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq, event_type,
+ topic, key, payload, occurred_at)
+SELECT outbox.uuid_v7(), '$type', '$id', s.last_seq, '$event_type', $topic_sql,
+ '$id', $payload_sql, now() FROM s
+RETURNING event_id};
 }
 
 =pod

@@ -47,14 +47,18 @@ my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 30, rate => 60
 usleep(2_000_000);
 
 # Emits, in one transaction, one event per [aggregate, payload bytes,
-# topic or undef]; returns their ids.
+# topic or undef]; returns their ids.  emit() refuses an event larger than
+# message.max.bytes, so a big one is written as a row without emit(), as
+# if emitted before the limit was lowered.
 sub emit
 {
 	my @ids;
 	my $sql = join ";\n", map {
 		my ($agg, $bytes, $topic) = @$_;
-		"SELECT outbox.emit('drill', '$agg', 'drill.poked',"
-		  . " jsonb_build_object('agg', '$agg', 'blob', repeat('z', $bytes))"
+		my $payload = "jsonb_build_object('agg', '$agg', 'blob', repeat('z', $bytes))";
+		$bytes > 5000
+		  ? insert_event_sql('drill', $agg, 'drill.poked', $payload, $topic)
+		  : "SELECT outbox.emit('drill', '$agg', 'drill.poked', $payload"
 		  . (defined $topic ? ", topic => '$topic'" : '') . ')'
 	} @_;
 	my $out = $node->safe_psql('postgres', "BEGIN;\n$sql;\nCOMMIT;");
