@@ -95,13 +95,19 @@ my ($warm) = one_round(0, 0);
 wait_for_ids([$warm]);
 usleep(500_000);
 
+# plain commits first, then prepared ones: a plain commit would wake the
+# relay for a prepared transaction committed just before it
 my (%t0, @plain, @prep);
 foreach my $i (1 .. 20)
 {
 	my ($id, $t0) = one_round($i, 0);
 	push @plain, $id;
 	$t0{$id} = $t0;
-	($id, $t0) = one_round(100 + $i, 1);
+	usleep(50_000);
+}
+foreach my $i (1 .. 20)
+{
+	my ($id, $t0) = one_round(100 + $i, 1);
 	push @prep, $id;
 	$t0{$id} = $t0;
 	usleep(50_000);
