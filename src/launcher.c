@@ -54,6 +54,8 @@
 #define OUTBOX_RESCAN_INTERVAL_MS	10000
 #define OUTBOX_NO_WORKER_RETRY_MS	5000
 #define OUTBOX_HOLD_MS				10000
+#define OUTBOX_PROBES_AT_ONCE		2
+#define OUTBOX_PROBE_WAIT_MS		100
 
 typedef struct RelayEntry
 {
@@ -70,6 +72,7 @@ typedef struct RelayEntry
 
 static List *entries = NIL;
 static TimestampTz last_no_slot_log = 0;
+static int	probes_running = 0;
 
 static ProcessUtility_hook_type prev_utility_hook = NULL;
 static bool probe_at_commit = false;
@@ -264,12 +267,19 @@ start_worker(RelayEntry *entry, TimestampTz now)
 	 */
 	if (slot == NULL && !entry->has_extension)
 	{
-		if (!OutboxProbeBegin(entry->dboid))
+		/*
+		 * A few probes at a time: a server with many databases must not
+		 * run out of background workers for the relays.
+		 */
+		if (probes_running >= OUTBOX_PROBES_AT_ONCE ||
+			!OutboxProbeBegin(entry->dboid))
 		{
-			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
+			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_PROBE_WAIT_MS);
 			return;
 		}
-		if (!register_worker(entry, true, now))
+		if (register_worker(entry, true, now))
+			probes_running++;
+		else
 			(void) OutboxProbeTake(entry->dboid);
 		return;
 	}
@@ -318,6 +328,7 @@ worker_stopped(RelayEntry *entry, TimestampTz now)
 		int			result = OutboxProbeTake(entry->dboid);
 
 		entry->probing = false;
+		probes_running--;
 		if (result == OUTBOX_PROBE_UNKNOWN)
 		{
 			/* the probe failed (the database is being dropped?): later */
