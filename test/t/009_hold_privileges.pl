@@ -1,6 +1,6 @@
 # test/t/009_hold_privileges.pl: the commands that need a database to
-# themselves (DROP DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE
-# ... TEMPLATE) stop its relay only when they will proceed.  A login role
+# themselves (DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE,
+# CREATE DATABASE ... TEMPLATE) stop its relay only when they will proceed.  A login role
 # that may not run them, or a command inside a transaction block, leaves
 # the relay alone: same pid all along, nothing sent twice, under load.
 
@@ -48,6 +48,7 @@ foreach my $round (1 .. 5)
 		[ 'mallory', 'DROP DATABASE shop' ],
 		[ 'mallory', 'ALTER DATABASE shop RENAME TO x' ],
 		[ 'mallory', 'CREATE DATABASE x TEMPLATE shop' ],
+		[ 'mallory', 'ALTER DATABASE shop SET TABLESPACE pg_default' ],
 		[ 'carol', 'CREATE DATABASE x TEMPLATE shop' ],
 		[ 'carol', 'DROP DATABASE shop' ],
 		# a superuser, but in a transaction block: refused as well
@@ -70,7 +71,7 @@ foreach my $round (1 .. 5)
 		usleep(100_000);
 	}
 }
-is(scalar(@refused), 35, 'every one of the 35 commands was refused');
+is(scalar(@refused), 40, 'every one of the 40 commands was refused');
 like(join('', @refused), qr/must be owner of database shop/, 'DROP: must be owner');
 like(join('', @refused), qr/permission denied to create database/,
 	'CREATE DATABASE without CREATEDB: permission denied');
