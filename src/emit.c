@@ -107,10 +107,15 @@ emit_xact_callback(XactEvent event, void *arg)
 			wake_at_commit = replay_at_commit = false;
 			events_this_xact = 0;
 			break;
+		case XACT_EVENT_PREPARE:
+			/* COMMIT PREPARED wakes the relay and counts these events */
+			if (wake_at_commit || replay_at_commit)
+				OutboxNotePrepared(events_this_xact, replay_at_commit);
+			wake_at_commit = replay_at_commit = false;
+			events_this_xact = 0;
+			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			/* a prepared transaction is found by the relay's safety poll */
 			wake_at_commit = replay_at_commit = false;
 			events_this_xact = 0;
 			break;

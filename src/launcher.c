@@ -8,11 +8,15 @@
  * Invariants:
  *	- The launcher connects to no database: it reads only the shared
  *	  catalog pg_database and never runs SQL in a user database.  Whether a
- *	  database has the extension is found out by its relay, which exits
- *	  saying so when it has not.
+ *	  database has the extension is found out by a probe worker (probe.c),
+ *	  which takes no relay slot, or by its relay, which exits saying so
+ *	  when the extension was dropped.
  *	- Every connectable, non-template database is probed once at start and
  *	  whenever it first appears; CREATE EXTENSION outbox asks for a probe at
  *	  commit, so its relay starts at once.
+ *	- At most one relay per database: a relay already attached to its slot
+ *	  (started by a launcher that has since exited) is adopted and watched
+ *	  through its slot, never doubled; shmem.c makes the claim atomic.
  *	- A relay that stops for any other reason is restarted after
  *	  OUTBOX_RESTART_DELAY_MS, unless a command holds its database.
  *	- It starts only when recovery is finished: relays never run on a
@@ -38,8 +42,10 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -48,23 +54,30 @@
 #define OUTBOX_RESCAN_INTERVAL_MS	10000
 #define OUTBOX_NO_WORKER_RETRY_MS	5000
 #define OUTBOX_HOLD_MS				10000
+#define OUTBOX_PROBES_AT_ONCE		2
+#define OUTBOX_PROBE_WAIT_MS		100
 
 typedef struct RelayEntry
 {
 	Oid			dboid;
 	bool		wanted;			/* to probe, or known to have the extension */
+	bool		has_extension;	/* a probe or a relay found it */
 	bool		seen;			/* present in the last pg_database scan */
-	bool		reprobe;		/* CREATE EXTENSION came while a relay ran */
+	bool		reprobe;		/* CREATE EXTENSION came while a worker ran */
+	bool		probing;		/* handle is a probe, not a relay */
+	bool		adopted;		/* a relay runs that another launcher started */
 	BackgroundWorkerHandle *handle;
 	TimestampTz next_start;
 } RelayEntry;
 
 static List *entries = NIL;
 static TimestampTz last_no_slot_log = 0;
+static int	probes_running = 0;
 
 static ProcessUtility_hook_type prev_utility_hook = NULL;
 static bool probe_at_commit = false;
 static bool wake_at_commit = false;
+static char preparing_gid[GIDSIZE];
 
 /*
  * OutboxLauncherRegisterStatic
@@ -107,6 +120,24 @@ find_entry(Oid dboid, bool create)
 	entries = lappend(entries, entry);
 	MemoryContextSwitchTo(old);
 	return entry;
+}
+
+/*
+ * database_name
+ *		dboid's name for a log line, copied into buf (its OID if it is gone).
+ */
+static void
+database_name(Oid dboid, char *buf, size_t len)
+{
+	char	   *name;
+
+	StartTransactionCommand();
+	name = get_database_name(dboid);
+	if (name != NULL)
+		strlcpy(buf, name, len);
+	else
+		snprintf(buf, len, "%u", dboid);
+	CommitTransactionCommand();
 }
 
 /*
@@ -153,7 +184,7 @@ rescan_databases(void)
 	{
 		RelayEntry *entry = (RelayEntry *) lfirst(lc);
 
-		if (!entry->seen && entry->handle == NULL)
+		if (!entry->seen && entry->handle == NULL && !entry->adopted)
 		{
 			OutboxSlotRelease(entry->dboid);
 			entries = foreach_delete_current(entries, lc);
@@ -162,20 +193,109 @@ rescan_databases(void)
 	}
 }
 
-static void
-start_relay(RelayEntry *entry, TimestampTz now)
+/*
+ * register_worker
+ *		Start a relay or a probe for entry's database.  On failure (no free
+ *		background worker slot) log at a rate limit and retry later.
+ */
+static bool
+register_worker(RelayEntry *entry, bool probe, TimestampTz now)
 {
 	BackgroundWorker worker;
-	OutboxSlot *slot = OutboxSlotAcquire(entry->dboid);
 
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, probe ? "OutboxProbeMain" : "OutboxRelayMain",
+			BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox %s for database %u",
+			 probe ? "probe" : "relay", entry->dboid);
+	strlcpy(worker.bgw_type, probe ? "outbox probe" : "outbox relay", BGW_MAXLEN);
+	worker.bgw_main_arg = ObjectIdGetDatum(entry->dboid);
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (RegisterDynamicBackgroundWorker(&worker, &entry->handle))
+	{
+		entry->probing = probe;
+		OutboxSetNoWorker(false);
+		return true;
+	}
+	entry->handle = NULL;
+	OutboxSetNoWorker(true);
+	if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
+	{
+		char		name[NAMEDATALEN];
+
+		database_name(entry->dboid, name, sizeof(name));
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 probe ?
+				 errmsg("outbox cannot look for the extension in database \"%s\": no background worker slot is free",
+						name) :
+				 errmsg("outbox cannot start a relay for database \"%s\": no background worker slot is free",
+						name),
+				 errhint("Raise max_worker_processes.")));
+		last_no_slot_log = now;
+	}
+	entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_NO_WORKER_RETRY_MS);
+	return false;
+}
+
+/*
+ * start_worker
+ *		What entry's database needs now: adopt the relay already running
+ *		for it (started by a launcher that exited), probe it if nobody knows
+ *		whether it has the extension, or start its relay.
+ */
+static void
+start_worker(RelayEntry *entry, TimestampTz now)
+{
+	OutboxSlot *slot = OutboxSlotFind(entry->dboid);
+
+	if (slot != NULL && OutboxSlotRelayPid(slot) != 0)
+	{
+		entry->adopted = true;
+		entry->has_extension = true;
+		return;
+	}
+
+	/*
+	 * A slot assigned to the database means a relay found the extension
+	 * there; otherwise a probe finds out first, without taking a slot.
+	 */
+	if (slot == NULL && !entry->has_extension)
+	{
+		/*
+		 * A few probes at a time: a server with many databases must not
+		 * run out of background workers for the relays.
+		 */
+		if (probes_running >= OUTBOX_PROBES_AT_ONCE ||
+			!OutboxProbeBegin(entry->dboid))
+		{
+			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_PROBE_WAIT_MS);
+			return;
+		}
+		if (register_worker(entry, true, now))
+			probes_running++;
+		else
+			(void) OutboxProbeTake(entry->dboid);
+		return;
+	}
+
+	slot = OutboxSlotAcquire(entry->dboid);
 	if (slot == NULL)
 	{
 		if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
 		{
+			char		name[NAMEDATALEN];
+
+			database_name(entry->dboid, name, sizeof(name));
 			ereport(WARNING,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("outbox cannot start a relay for database %u: all %d relay slots are in use",
-							entry->dboid, outbox_max_databases),
+					 errmsg("outbox cannot start a relay for database \"%s\": all %d relay slots are in use",
+							name, outbox_max_databases),
 					 errhint("Raise outbox.max_databases.")));
 			last_no_slot_log = now;
 		}
@@ -187,38 +307,80 @@ start_relay(RelayEntry *entry, TimestampTz now)
 		entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 		return;
 	}
+	(void) register_worker(entry, false, now);
+}
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "OutboxRelayMain", BGW_MAXLEN);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay for database %u", entry->dboid);
-	strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
-	worker.bgw_main_arg = ObjectIdGetDatum(entry->dboid);
-	worker.bgw_notify_pid = MyProcPid;
+/*
+ * worker_stopped
+ *		entry's probe or relay has exited: decide what comes next.
+ */
+static void
+worker_stopped(RelayEntry *entry, TimestampTz now)
+{
+	bool		no_extension = false;
+	bool		was_probe = entry->probing;
 
-	if (!RegisterDynamicBackgroundWorker(&worker, &entry->handle))
+	pfree(entry->handle);
+	entry->handle = NULL;
+
+	if (was_probe)
 	{
-		entry->handle = NULL;
-		if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
+		int			result = OutboxProbeTake(entry->dboid);
+
+		entry->probing = false;
+		probes_running--;
+		if (result == OUTBOX_PROBE_UNKNOWN)
 		{
-			ereport(WARNING,
-					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("outbox cannot start a relay for database %u: no background worker slot is free",
-							entry->dboid),
-					 errhint("Raise max_worker_processes.")));
-			last_no_slot_log = now;
+			/* the probe failed (the database is being dropped?): later */
+			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
+			return;
 		}
-		entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_NO_WORKER_RETRY_MS);
+		entry->has_extension = result == OUTBOX_PROBE_EXTENSION;
+		no_extension = !entry->has_extension;
 	}
+	else
+	{
+		OutboxSlot *slot = OutboxSlotFind(entry->dboid);
+
+		if (slot != NULL)
+		{
+			SpinLockAcquire(&slot->mutex);
+			no_extension = slot->no_extension;
+			SpinLockRelease(&slot->mutex);
+		}
+		if (no_extension)
+		{
+			entry->has_extension = false;
+			OutboxSlotRelease(entry->dboid);
+		}
+	}
+
+	if (!no_extension)
+	{
+		/* a probe that found the extension: start the relay at once */
+		entry->next_start = was_probe ? now :
+			TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
+		entry->reprobe = false;
+		return;
+	}
+
+	/*
+	 * A worker that found no extension may have looked just before a
+	 * CREATE EXTENSION committed: then probe again.
+	 */
+	if (entry->reprobe)
+	{
+		entry->reprobe = false;
+		entry->next_start = now;
+	}
+	else
+		entry->wanted = false;
 }
 
 /*
  * supervise
- *		Reap stopped relays and start the ones due.  Returns how long the
- *		launcher may sleep before something is due.
+ *		Reap stopped workers, watch adopted relays and start what is due.
+ *		Returns how long the launcher may sleep before something is due.
  */
 static long
 supervise(void)
@@ -237,42 +399,26 @@ supervise(void)
 
 			if (GetBackgroundWorkerPid(entry->handle, &pid) != BGWH_STOPPED)
 				continue;
-			pfree(entry->handle);
-			entry->handle = NULL;
-			{
-				OutboxSlot *slot = OutboxSlotFind(entry->dboid);
-				bool		no_extension = false;
+			worker_stopped(entry, now);
+		}
+		if (entry->adopted)
+		{
+			OutboxSlot *slot = OutboxSlotFind(entry->dboid);
 
-				if (slot != NULL)
-				{
-					SpinLockAcquire(&slot->mutex);
-					no_extension = slot->no_extension;
-					SpinLockRelease(&slot->mutex);
-				}
-				/*
-				 * A relay that found no extension may have looked just before
-				 * a CREATE EXTENSION committed: then probe again.
-				 */
-				if (no_extension && !entry->reprobe)
-				{
-					entry->wanted = false;
-					OutboxSlotRelease(entry->dboid);
-					continue;
-				}
-				if (no_extension)
-				{
-					entry->reprobe = false;
-					entry->next_start = now;
-				}
-				else
-					entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
+			/* its exit sets our latch; the timeout is only a backstop */
+			if (slot != NULL && OutboxSlotRelayPid(slot) != 0)
+			{
+				sleep = Min(sleep, OUTBOX_RESTART_DELAY_MS);
+				continue;
 			}
+			entry->adopted = false;
+			entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 		}
 		if (!entry->wanted)
 			continue;
 		if (entry->next_start <= now)
-			start_relay(entry, now);
-		if (entry->handle == NULL)
+			start_worker(entry, now);
+		if (entry->handle == NULL && !entry->adopted)
 			sleep = Min(sleep, Max(1, TimestampDifferenceMilliseconds(now, entry->next_start)));
 	}
 	return sleep;
@@ -354,16 +500,74 @@ OutboxLauncherMain(Datum main_arg)
 /*
  * Utility hook: commands that need a database with no other connection
  * first stop that database's relay and hold it off; CREATE and DROP
- * EXTENSION outbox tell the launcher or relay at commit.
+ * EXTENSION outbox tell the launcher or relay at commit; COMMIT PREPARED
+ * wakes the relay as a plain commit does.
+ *
+ * The hold is taken only for a command that will go on past its checks:
+ * any login role can type DROP DATABASE, and a refused one must not stop
+ * someone else's relay.  So the hook repeats the checks that come first
+ * in the command itself (the database exists and is not the current one,
+ * the caller owns it, may create databases, the command runs outside a
+ * transaction block); if a later check refuses the command, the relay is
+ * back after the hold.
  */
-static void
-hold_database(const char *name)
+
+/*
+ * runs_outside_block
+ *		Whether a command that calls PreventInTransactionBlock() will pass
+ *		that check.
+ */
+static bool
+runs_outside_block(ProcessUtilityContext context)
+{
+	return context == PROCESS_UTILITY_TOPLEVEL &&
+		!IsTransactionBlock() && !IsSubTransaction();
+}
+
+/*
+ * other_database
+ *		The OID of database name if it exists and is not the current one
+ *		(a command on the current database is refused), else InvalidOid.
+ */
+static Oid
+other_database(const char *name)
 {
 	Oid			dboid;
 
 	if (name == NULL)
-		return;
+		return InvalidOid;
 	dboid = get_database_oid(name, true);
+	if (dboid == MyDatabaseId)
+		return InvalidOid;
+	return dboid;
+}
+
+static bool
+owns_database(Oid dboid)
+{
+	return OidIsValid(dboid) && pg_database_ownercheck(dboid, GetUserId());
+}
+
+/* CREATE DATABASE ... TEMPLATE: whether the caller may copy dboid */
+static bool
+may_copy_database(Oid dboid)
+{
+	HeapTuple	tup;
+	bool		is_template;
+
+	if (!OidIsValid(dboid))
+		return false;
+	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	is_template = ((Form_pg_database) GETSTRUCT(tup))->datistemplate;
+	ReleaseSysCache(tup);
+	return is_template || owns_database(dboid);
+}
+
+static void
+hold_database(Oid dboid)
+{
 	if (OidIsValid(dboid))
 		OutboxHoldDatabase(dboid, OUTBOX_HOLD_MS);
 }
@@ -408,23 +612,50 @@ outbox_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 {
 	Node	   *node = pstmt->utilityStmt;
 	char	   *template = NULL;
+	char	   *finish_gid = NULL;
 
 	switch (nodeTag(node))
 	{
 		case T_DropdbStmt:
-			hold_database(((DropdbStmt *) node)->dbname);
+			{
+				Oid			dboid = other_database(((DropdbStmt *) node)->dbname);
+
+				if (runs_outside_block(context) && owns_database(dboid))
+					hold_database(dboid);
+			}
 			break;
 		case T_RenameStmt:
 			if (((RenameStmt *) node)->renameType == OBJECT_DATABASE)
-				hold_database(((RenameStmt *) node)->subname);
+			{
+				RenameStmt *stmt = (RenameStmt *) node;
+				Oid			dboid = other_database(stmt->subname);
+
+				/* RENAME may run in a transaction block */
+				if (owns_database(dboid) && have_createdb_privilege() &&
+					!OidIsValid(get_database_oid(stmt->newname, true)))
+					hold_database(dboid);
+			}
 			break;
 		case T_AlterDatabaseStmt:
 			if (has_option(((AlterDatabaseStmt *) node)->options, "tablespace", NULL))
-				hold_database(((AlterDatabaseStmt *) node)->dbname);
+			{
+				Oid			dboid = other_database(((AlterDatabaseStmt *) node)->dbname);
+
+				if (runs_outside_block(context) && owns_database(dboid))
+					hold_database(dboid);
+			}
 			break;
 		case T_CreatedbStmt:
 			if (has_option(((CreatedbStmt *) node)->options, "template", &template))
-				hold_database(template);
+			{
+				CreatedbStmt *stmt = (CreatedbStmt *) node;
+				Oid			dboid = other_database(template);
+
+				if (runs_outside_block(context) && have_createdb_privilege() &&
+					!OidIsValid(get_database_oid(stmt->dbname, true)) &&
+					may_copy_database(dboid))
+					hold_database(dboid);
+			}
 			break;
 		case T_CreateExtensionStmt:
 			if (strcmp(((CreateExtensionStmt *) node)->extname, "outbox") == 0)
@@ -433,6 +664,17 @@ outbox_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 		case T_DropStmt:
 			if (drops_outbox((DropStmt *) node))
 				wake_at_commit = true;
+			break;
+		case T_TransactionStmt:
+			{
+				TransactionStmt *stmt = (TransactionStmt *) node;
+
+				if (stmt->kind == TRANS_STMT_PREPARE)
+					strlcpy(preparing_gid, stmt->gid, sizeof(preparing_gid));
+				else if (stmt->kind == TRANS_STMT_COMMIT_PREPARED ||
+						 stmt->kind == TRANS_STMT_ROLLBACK_PREPARED)
+					finish_gid = stmt->gid;
+			}
 			break;
 		default:
 			break;
@@ -444,6 +686,37 @@ outbox_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+
+	/*
+	 * The prepared transaction is committed now (it is out of the proc
+	 * array, so a new snapshot sees it): wake the relay as its own commit
+	 * would have, adding the events counted at PREPARE to the backlog.  A
+	 * transaction prepared before a restart has no count: the relay counts
+	 * its events when it opens its next batch, at once since it is woken.
+	 * COMMIT PREPARED works only in the database of the transaction.
+	 */
+	if (finish_gid != NULL)
+	{
+		int			events;
+		bool		replay;
+
+		(void) OutboxPreparedTake(finish_gid, MyDatabaseId, &events, &replay);
+		if (((TransactionStmt *) node)->kind == TRANS_STMT_COMMIT_PREPARED)
+			OutboxWakeRelay(MyDatabaseId, replay, events);
+	}
+}
+
+/*
+ * OutboxNotePrepared
+ *		emit.c, at PREPARE TRANSACTION: the transaction emitted events
+ *		(queued replays); remember them under its gid for COMMIT PREPARED.
+ */
+void
+OutboxNotePrepared(int events, bool replay)
+{
+	if (preparing_gid[0] != '\0')
+		OutboxPreparedRemember(preparing_gid, MyDatabaseId, events, replay);
+	preparing_gid[0] = '\0';
 }
 
 static void
@@ -459,6 +732,9 @@ utility_xact_callback(XactEvent event, void *arg)
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)
 		probe_at_commit = wake_at_commit = false;
+	/* at PREPARE, emit.c's callback takes the gid (in whichever order) */
+	if (event == XACT_EVENT_ABORT)
+		preparing_gid[0] = '\0';
 }
 
 /*

@@ -203,8 +203,27 @@ extern int	OutboxLauncherTakeRequests(Oid *out, int max);
 extern OutboxSlot *OutboxSlotAcquire(Oid dboid);
 extern void OutboxSlotRelease(Oid dboid);
 extern OutboxSlot *OutboxSlotFind(Oid dboid);
-extern OutboxSlot *OutboxSlotAttach(Oid dboid);
+extern OutboxSlot *OutboxSlotAttach(Oid dboid, int *other_pid);
 extern void OutboxSlotDetach(OutboxSlot *slot);
+extern int	OutboxSlotRelayPid(OutboxSlot *slot);
+extern int	OutboxSlotsInUse(void);
+extern void OutboxSetNoWorker(bool short_of_workers);
+extern TimestampTz OutboxNoWorkerSince(void);
+
+/* probe workers: does a database have the extension? */
+#define OUTBOX_MAX_PROBES			64
+#define OUTBOX_PROBE_UNKNOWN		0
+#define OUTBOX_PROBE_EXTENSION		1
+#define OUTBOX_PROBE_NO_EXTENSION	2
+extern bool OutboxProbeBegin(Oid dboid);
+extern void OutboxProbeReport(Oid dboid, bool has_extension);
+extern int	OutboxProbeTake(Oid dboid);
+
+/* prepared transactions that emitted events */
+extern void OutboxPreparedRemember(const char *gid, Oid dboid, int events,
+								   bool replay);
+extern bool OutboxPreparedTake(const char *gid, Oid dboid, int *events,
+							   bool *replay);
 extern void OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state);
 extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
 extern bool OutboxSlotIsHeld(OutboxSlot *slot);
@@ -342,7 +361,11 @@ typedef struct OutboxBlocked
 /* launcher.c */
 extern void OutboxLauncherRegisterStatic(void);
 extern void OutboxUtilityHookInstall(void);
+extern void OutboxNotePrepared(int events, bool replay);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+
+/* probe.c */
+PGDLLEXPORT void OutboxProbeMain(Datum main_arg);
 
 /* relay.c */
 PGDLLEXPORT void OutboxRelayMain(Datum main_arg);

@@ -1035,6 +1035,7 @@ OutboxRelayMain(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
 	int64		adopted;
+	int			other_pid;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -1042,11 +1043,17 @@ OutboxRelayMain(Datum main_arg)
 
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
 
-	relay_slot = OutboxSlotAttach(dboid);
+	relay_slot = OutboxSlotAttach(dboid, &other_pid);
 	if (relay_slot == NULL)
 	{
-		ereport(LOG,
-				(errmsg("outbox relay for database %u has no slot and stops", dboid)));
+		/* at most one relay per database: the one attached goes on */
+		if (other_pid != 0)
+			ereport(LOG,
+					(errmsg("outbox relay for database %u stops: relay %d already serves it",
+							dboid, other_pid)));
+		else
+			ereport(LOG,
+					(errmsg("outbox relay for database %u has no slot and stops", dboid)));
 		proc_exit(0);
 	}
 	before_shmem_exit(relay_detach, (Datum) 0);

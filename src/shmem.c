@@ -11,6 +11,14 @@
  *	  spinlock, with nothing else done while it is held.
  *	- A committing backend finds its database's slot under the shared lock
  *	  and sets the relay's latch; it never waits for anything else.
+ *	- At most one relay per database: a relay claims its slot (sets pid)
+ *	  under the exclusive lock and only if no other relay holds it; a relay
+ *	  clears pid when it exits (before_shmem_exit, so also on ERROR).  A
+ *	  non-zero pid therefore always names a live relay, whoever started it,
+ *	  and a restarted launcher adopts it instead of starting another.  A
+ *	  crash of any backend resets shared memory, so no pid survives one.
+ *	- Probe results and prepared transactions' event counts are small
+ *	  tables under the LWLock, held exclusively to change them.
  *
  * Nothing here runs SQL or talks to Kafka.
  *
@@ -20,6 +28,7 @@
 
 #include <signal.h>
 
+#include "access/twophase.h"
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
@@ -32,26 +41,58 @@
 
 #define OUTBOX_MAX_REQUESTS 64
 
+/* a probe worker's answer: does this database have the extension? */
+typedef struct OutboxProbe
+{
+	Oid			dboid;			/* InvalidOid: entry free */
+	int			result;			/* OUTBOX_PROBE_* */
+} OutboxProbe;
+
+/*
+ * A prepared transaction that emitted events: COMMIT PREPARED adds them to
+ * the backlog and wakes the relay, as a plain commit does.
+ */
+typedef struct OutboxPrepared
+{
+	Oid			dboid;			/* InvalidOid: entry free */
+	int			events;
+	bool		replay;
+	char		gid[GIDSIZE];
+} OutboxPrepared;
+
 typedef struct OutboxShared
 {
 	LWLock	   *lock;
 	int			launcher_pid;
 	Latch	   *launcher_latch;
+	TimestampTz no_worker_since;	/* launcher lacks a worker slot, or 0 */
 	int			nrequests;
 	Oid			requests[OUTBOX_MAX_REQUESTS];
+	OutboxProbe probes[OUTBOX_MAX_PROBES];
+	int			nprepared;		/* entries after the slots: PREPARED_ENTRIES */
 	int			nslots;
 	OutboxSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
 
 static OutboxShared *outbox_shared = NULL;
+
+#define PREPARED_ENTRIES() \
+	((OutboxPrepared *) ((char *) outbox_shared + MAXALIGN(outbox_slots_size())))
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static Size
-outbox_shmem_size(void)
+outbox_slots_size(void)
 {
 	return add_size(offsetof(OutboxShared, slots),
 					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
+}
+
+static Size
+outbox_shmem_size(void)
+{
+	return add_size(MAXALIGN(outbox_slots_size()),
+					mul_size(max_prepared_xacts, sizeof(OutboxPrepared)));
 }
 
 static void
@@ -81,6 +122,7 @@ outbox_shmem_startup(void)
 		outbox_shared->nslots = outbox_max_databases;
 		for (i = 0; i < outbox_shared->nslots; i++)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
+		outbox_shared->nprepared = max_prepared_xacts;
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -205,10 +247,23 @@ OutboxRequestProbe(Oid dboid)
 		SetLatch(latch);
 }
 
+static void
+launcher_detach(int code, Datum arg)
+{
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	if (outbox_shared->launcher_pid == MyProcPid)
+	{
+		outbox_shared->launcher_pid = 0;
+		outbox_shared->launcher_latch = NULL;
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
 /*
  * OutboxLauncherAttach
- *		Record the calling process as the launcher.  Returns false when
- *		another launcher is alive (the caller then exits).
+ *		Record the calling process as the launcher until it exits.  Returns
+ *		false when another launcher is alive (the caller then exits).  The
+ *		launcher clears its pid when it exits, so a recorded pid is alive.
  */
 bool
 OutboxLauncherAttach(void)
@@ -217,8 +272,7 @@ OutboxLauncherAttach(void)
 
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
 	if (outbox_shared->launcher_pid != 0 &&
-		outbox_shared->launcher_pid != MyProcPid &&
-		kill(outbox_shared->launcher_pid, 0) == 0)
+		outbox_shared->launcher_pid != MyProcPid)
 		ok = false;
 	else
 	{
@@ -226,6 +280,8 @@ OutboxLauncherAttach(void)
 		outbox_shared->launcher_latch = MyLatch;
 	}
 	LWLockRelease(outbox_shared->lock);
+	if (ok)
+		before_shmem_exit(launcher_detach, (Datum) 0);
 	return ok;
 }
 
@@ -291,7 +347,8 @@ OutboxSlotRelease(Oid dboid)
 
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
 	slot = find_slot_locked(dboid);
-	if (slot != NULL)
+	/* a slot with a relay attached stays: that relay still uses it */
+	if (slot != NULL && OutboxSlotRelayPid(slot) == 0)
 		slot->dboid = InvalidOid;
 	LWLockRelease(outbox_shared->lock);
 }
@@ -317,17 +374,33 @@ OutboxSlotFind(Oid dboid)
 /*
  * OutboxSlotAttach
  *		Relay: claim dboid's slot for the calling process.  NULL if the
- *		launcher assigned none (the relay then exits).
+ *		launcher assigned none, or if another relay holds it (*other_pid is
+ *		then its pid, else 0): the caller then exits.  The claim is made
+ *		under the exclusive lock, so two relays started for one database
+ *		(by a launcher and its restarted successor) cannot both win.
  */
 OutboxSlot *
-OutboxSlotAttach(Oid dboid)
+OutboxSlotAttach(Oid dboid, int *other_pid)
 {
-	OutboxSlot *slot = OutboxSlotFind(dboid);
+	OutboxSlot *slot;
 	TimestampTz now = GetCurrentTimestamp();
 
+	*other_pid = 0;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
 	if (slot == NULL)
+	{
+		LWLockRelease(outbox_shared->lock);
 		return NULL;
+	}
 	SpinLockAcquire(&slot->mutex);
+	if (slot->pid != 0 && slot->pid != MyProcPid)
+	{
+		*other_pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+		LWLockRelease(outbox_shared->lock);
+		return NULL;
+	}
 	slot->pid = MyProcPid;
 	slot->latch = MyLatch;
 	slot->state = OUTBOX_RELAY_STARTING;
@@ -338,24 +411,226 @@ OutboxSlotAttach(Oid dboid)
 	slot->committed_at_open = slot->committed_events;
 	slot->oldest_pending = 0;
 	SpinLockRelease(&slot->mutex);
+	LWLockRelease(outbox_shared->lock);
 	return slot;
 }
 
 /*
  * OutboxSlotDetach
- *		Relay, on exit: nobody is behind this slot's latch any more.
+ *		Relay, on exit: nobody is behind this slot's latch any more.  The
+ *		launcher is woken: it may be watching a relay it adopted.
  */
 void
 OutboxSlotDetach(OutboxSlot *slot)
 {
+	Latch	   *launcher = NULL;
+
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
 	SpinLockAcquire(&slot->mutex);
 	if (slot->pid == MyProcPid)
 	{
 		slot->pid = 0;
 		slot->latch = NULL;
 		slot->state = OUTBOX_RELAY_STOPPED;
+		launcher = outbox_shared->launcher_latch;
 	}
 	SpinLockRelease(&slot->mutex);
+	LWLockRelease(outbox_shared->lock);
+	if (launcher != NULL)
+		SetLatch(launcher);
+}
+
+/*
+ * OutboxSlotRelayPid
+ *		The pid of the relay attached to slot, 0 when none.
+ */
+int
+OutboxSlotRelayPid(OutboxSlot *slot)
+{
+	int			pid;
+
+	SpinLockAcquire(&slot->mutex);
+	pid = slot->pid;
+	SpinLockRelease(&slot->mutex);
+	return pid;
+}
+
+/*
+ * OutboxSlotsInUse
+ *		How many relay slots are assigned to a database.
+ */
+int
+OutboxSlotsInUse(void)
+{
+	int			n = 0;
+	int			i;
+
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	for (i = 0; i < outbox_shared->nslots; i++)
+		if (OidIsValid(outbox_shared->slots[i].dboid))
+			n++;
+	LWLockRelease(outbox_shared->lock);
+	return n;
+}
+
+/*
+ * OutboxSetNoWorker / OutboxNoWorkerSince
+ *		Launcher: whether it failed to get a background worker slot (since
+ *		when), so that status() and health() can name the cause.
+ */
+void
+OutboxSetNoWorker(bool short_of_workers)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	if (!short_of_workers)
+		outbox_shared->no_worker_since = 0;
+	else if (outbox_shared->no_worker_since == 0)
+		outbox_shared->no_worker_since = now;
+	LWLockRelease(outbox_shared->lock);
+}
+
+TimestampTz
+OutboxNoWorkerSince(void)
+{
+	TimestampTz since;
+
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	since = outbox_shared->no_worker_since;
+	LWLockRelease(outbox_shared->lock);
+	return since;
+}
+
+/*
+ * OutboxProbeBegin
+ *		Launcher: reserve an entry for a probe of dboid.  False when the
+ *		table is full (probe later).
+ */
+bool
+OutboxProbeBegin(Oid dboid)
+{
+	int			i;
+	int			free_entry = -1;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
+	{
+		if (outbox_shared->probes[i].dboid == dboid)
+		{
+			free_entry = i;
+			break;
+		}
+		if (!OidIsValid(outbox_shared->probes[i].dboid) && free_entry < 0)
+			free_entry = i;
+	}
+	if (free_entry >= 0)
+	{
+		outbox_shared->probes[free_entry].dboid = dboid;
+		outbox_shared->probes[free_entry].result = OUTBOX_PROBE_UNKNOWN;
+	}
+	LWLockRelease(outbox_shared->lock);
+	return free_entry >= 0;
+}
+
+/*
+ * OutboxProbeReport
+ *		Probe worker: whether its database has the extension.
+ */
+void
+OutboxProbeReport(Oid dboid, bool has_extension)
+{
+	int			i;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
+		if (outbox_shared->probes[i].dboid == dboid)
+			outbox_shared->probes[i].result = has_extension ?
+				OUTBOX_PROBE_EXTENSION : OUTBOX_PROBE_NO_EXTENSION;
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxProbeTake
+ *		Launcher, once the probe of dboid stopped: its answer
+ *		(OUTBOX_PROBE_UNKNOWN when it reported none); frees the entry.
+ */
+int
+OutboxProbeTake(Oid dboid)
+{
+	int			result = OUTBOX_PROBE_UNKNOWN;
+	int			i;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
+		if (outbox_shared->probes[i].dboid == dboid)
+		{
+			result = outbox_shared->probes[i].result;
+			outbox_shared->probes[i].dboid = InvalidOid;
+		}
+	LWLockRelease(outbox_shared->lock);
+	return result;
+}
+
+/*
+ * OutboxPreparedRemember
+ *		At PREPARE TRANSACTION gid: the transaction emitted events (and
+ *		queued replays) in dboid.  When the table is full the count is lost
+ *		and the backlog catches up when the relay opens its next batch.
+ */
+void
+OutboxPreparedRemember(const char *gid, Oid dboid, int events, bool replay)
+{
+	OutboxPrepared *entries;
+	int			i;
+
+	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
+		return;
+	entries = PREPARED_ENTRIES();
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < outbox_shared->nprepared; i++)
+	{
+		if (OidIsValid(entries[i].dboid))
+			continue;
+		entries[i].dboid = dboid;
+		entries[i].events = events;
+		entries[i].replay = replay;
+		strlcpy(entries[i].gid, gid, GIDSIZE);
+		break;
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxPreparedTake
+ *		COMMIT or ROLLBACK PREPARED gid finished in dboid: forget it and
+ *		return what PREPARE recorded (false when nothing was).
+ */
+bool
+OutboxPreparedTake(const char *gid, Oid dboid, int *events, bool *replay)
+{
+	OutboxPrepared *entries;
+	bool		found = false;
+	int			i;
+
+	*events = 0;
+	*replay = false;
+	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
+		return false;
+	entries = PREPARED_ENTRIES();
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < outbox_shared->nprepared; i++)
+	{
+		if (entries[i].dboid != dboid || strcmp(entries[i].gid, gid) != 0)
+			continue;
+		*events = entries[i].events;
+		*replay = entries[i].replay;
+		entries[i].dboid = InvalidOid;
+		found = true;
+		break;
+	}
+	LWLockRelease(outbox_shared->lock);
+	return found;
 }
 
 void

@@ -4,8 +4,11 @@
  *		SQL-visible state of the relays: status(), metrics(), health().
  *
  * Invariants: figures come from shared memory (the relay's slot) and the
- * small dead-letter table; nothing here reads outbox.events or writes a
- * table.  What needs the library preloaded says so with a clear error.
+ * small dead-letter table while a relay runs.  When none runs, nobody keeps
+ * the slot's figures, so the backlog and the oldest event's age are
+ * counted from outbox.events against the relay's recorded progress, and
+ * health() names why no relay runs.  Nothing here writes a table.  What
+ * needs the library preloaded says so with a clear error.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,6 +41,7 @@ typedef struct StatusSnapshot
 	uint64		window_latency[OUTBOX_LAT_NBUCKETS];
 	int64		quarantined;
 	int64		parked;
+	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
 
 static void
@@ -67,6 +71,66 @@ count_dead_letters(StatusSnapshot *snap)
 	snap->parked = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 2, &isnull));
 	SPI_finish();
+}
+
+/*
+ * The events not yet delivered, from the log, for when no relay runs: those
+ * committed now (visible in the current snapshot) that are not in the
+ * delivered snapshot prev, less the part of the open batch (visible in
+ * batch_snapshot) acknowledged up to batch_last_id.  "Not in prev" is
+ * written as the relay writes it (txid >= xmax or in xip) so the txid
+ * index serves it.  Run by SECURITY DEFINER functions: every operator is
+ * qualified.
+ */
+static const char *const backlog_sql =
+"SELECT pg_catalog.count(*), pg_catalog.min(e.created_at)"
+" FROM outbox.events e, outbox.relay_progress p"
+" WHERE p.relay OPERATOR(pg_catalog.=) 'default'"
+" AND pg_catalog.pg_visible_in_snapshot(e.txid, pg_catalog.pg_current_snapshot())"
+" AND (p.prev_snapshot IS NULL"
+"  OR e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax(p.prev_snapshot)"
+"  OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(p.prev_snapshot))))"
+" AND NOT (p.batch_snapshot IS NOT NULL"
+"  AND pg_catalog.pg_visible_in_snapshot(e.txid, p.batch_snapshot)"
+"  AND e.id OPERATOR(pg_catalog.<=) COALESCE(p.batch_last_id, 0))";
+
+/*
+ * count_backlog_from_log
+ *		No relay runs: the backlog and oldest age from outbox.events.
+ */
+static void
+count_backlog_from_log(StatusSnapshot *snap, TimestampTz now)
+{
+	bool		isnull;
+	Datum		d;
+
+	SPI_connect();
+	if (SPI_execute(backlog_sql, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not count the backlog");
+	if (SPI_processed == 1)
+	{
+		snap->backlog = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 1, &isnull));
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+		snap->oldest_age = isnull ? -1 :
+			(double) (now - DatumGetTimestampTz(d)) / USECS_PER_SEC;
+	}
+	SPI_finish();
+}
+
+/*
+ * no_relay_reason
+ *		Why this database has no relay, as far as shared memory tells.
+ */
+static char *
+no_relay_reason(bool has_slot)
+{
+	if (!has_slot && OutboxSlotsInUse() >= outbox_max_databases)
+		return psprintf("no relay: outbox.max_databases (%d) reached",
+						outbox_max_databases);
+	if (OutboxNoWorkerSince() != 0)
+		return pstrdup("no relay: no free background worker slot (max_worker_processes)");
+	return pstrdup("the relay of this database is not running");
 }
 
 /*
@@ -107,6 +171,11 @@ take_snapshot(StatusSnapshot *snap)
 		snap->backlog = 0;
 	snap->oldest_age = snap->slot.oldest_pending != 0 ?
 		(double) (now - snap->slot.oldest_pending) / USECS_PER_SEC : -1;
+	if (!snap->running)
+	{
+		snap->no_relay = no_relay_reason(snap->slot.dboid == MyDatabaseId);
+		count_backlog_from_log(snap, now);
+	}
 
 	for (w = 0; w < OUTBOX_WINDOWS; w++)
 	{
@@ -378,7 +447,9 @@ outbox_health(PG_FUNCTION_ARGS)
 		if (!snap.running)
 		{
 			status = "critical";
-			reason = pstrdup("the relay of this database is not running");
+			reason = snap.backlog > 0 ?
+				psprintf("%s; " INT64_FORMAT " events wait", snap.no_relay, snap.backlog) :
+				snap.no_relay;
 		}
 		else if (snap.slot.state == OUTBOX_RELAY_NOT_CONFIGURED)
 		{

@@ -1,0 +1,47 @@
+/*-------------------------------------------------------------------------
+ *
+ * probe.c
+ *		The probe: a short-lived worker that tells the launcher whether one
+ *		database has the outbox extension, then exits.
+ *
+ * Invariants:
+ *	- A probe takes no relay slot: databases without the extension never
+ *	  hold one, so they cannot keep a database that has it waiting for a
+ *	  slot (outbox.max_databases).
+ *	- It runs one catalog lookup in a transaction of its own, writes its
+ *	  answer into shared memory (OutboxProbeReport) and exits 0; a probe
+ *	  that fails reports nothing and the launcher probes again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "utils/snapmgr.h"
+
+#include "outbox.h"
+
+/*
+ * OutboxProbeMain
+ *		Entry point of a probe; main_arg is the database's OID.
+ */
+void
+OutboxProbeMain(Datum main_arg)
+{
+	Oid			dboid = DatumGetObjectId(main_arg);
+	bool		present;
+
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	present = OutboxStoreExtensionPresent();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+
+	OutboxProbeReport(dboid, present);
+	proc_exit(0);
+}
