@@ -100,6 +100,18 @@ diag(sprintf('relay RssAnon: %.0f MB idle, %.0f MB at the peak of the drain',
 cmp_ok($peak_kb / 1024, '<', $RSS_LIMIT_MB,
 	"the relay's anonymous memory stays under $RSS_LIMIT_MB MB while it drains 1.8 GB");
 
+# an event larger than the bound goes alone, it does not stop the relay
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.batch_max_bytes = '512kB'; SELECT pg_reload_conf()");
+$node->safe_psql('postgres',
+	"SELECT count(outbox.emit('blob', 'solo', 'blob.made',"
+	  . " jsonb_build_object('n', i, 'pad', repeat('x', $pad))))"
+	  . " FROM generate_series(1, 3) i");
+ok( poll_until(
+		$node, 'postgres', 'SELECT published FROM outbox.status()',
+		$events + 3, 60),
+	'with outbox.batch_max_bytes below one event, events go out one by one');
+
 # read back ids and headers only, with kcat
 my ($out, $err) = ('', '');
 IPC::Run::run(
@@ -120,8 +132,8 @@ foreach my $line (split /\n/, $out)
 	$ids{$id}++ if defined $id;
 	push @{ $seqs{$key} }, $seq;
 }
-is($count, $events, "kcat reads back $events messages");
-is(scalar(keys %ids), $events, 'with as many distinct event ids');
+is($count, $events + 3, 'kcat reads back every message');
+is(scalar(keys %ids), $events + 3, 'with as many distinct event ids');
 my $ordered = 1;
 foreach my $agg (0 .. $aggregates - 1)
 {
@@ -129,6 +141,7 @@ foreach my $agg (0 .. $aggregates - 1)
 	my @want = (1 .. $events / $aggregates);
 	$ordered = 0 unless "@got" eq "@want";
 }
+$ordered = 0 unless "@{ $seqs{solo} // [] }" eq '1 2 3';
 ok($ordered, 'each aggregate arrives complete and in seq order');
 
 done_testing();
