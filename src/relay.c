@@ -15,7 +15,14 @@
  *	  failed is sent again, in id order; a round not acknowledged within
  *	  outbox.delivery_timeout is withdrawn whole first.
  *	- The next page is read while the current one's acknowledgements
- *	  travel: the database and the network work at the same time.
+ *	  travel: the database and the network work at the same time.  So at
+ *	  most two pages are in memory, each bounded by outbox.batch_size
+ *	  events and outbox.batch_max_bytes bytes.
+ *	- Shutdown is looked at between any two messages handed to librdkafka,
+ *	  whose only blocking call is bounded (kafka.c): a stopping relay is
+ *	  gone within about outbox.shutdown_timeout, whatever the brokers do.
+ *	- What a reload or a producer rebuild allocates lives in contexts reset
+ *	  at the next one: reloads do not make the relay grow.
  *	- The relay sleeps on its latch (set at commit by emitting backends, or
  *	  by signals) and on the producer's event descriptor; the safety poll
  *	  outbox.poll_interval only catches what woke nobody.
@@ -786,9 +793,9 @@ deliver(OutboxEvent *events, int n, bool replay)
  *		Read the next page of the open batch (opening one if none is) into
  *		pg: at most outbox.batch_size events and outbox.batch_max_bytes of
  *		them, so the page in hand and the one read ahead together stay
- *		within twice that.  The reader moves on at once; the progress row moves only when
- *		the page is settled (record_page).  Returns false when there is
- *		nothing to read.
+ *		within twice that.  The reader moves on at once; the progress row
+ *		moves only when the page is settled (record_page).  Returns false
+ *		when there is nothing to read.
  */
 static bool
 read_page(RelayPage *pg)
