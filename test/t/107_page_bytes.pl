@@ -9,7 +9,7 @@
 # shared_buffers, which is shared memory, nor mapped files), sampled every
 # 20 ms during the drain.  Two pages (the one in hand and the one read
 # ahead) of 64 MB each, librdkafka's copy of the page in hand and what the
-# allocator keeps come to well under $RSS_LIMIT_MB; a page of all 2,000
+# allocator keeps come to well under 512 MB; a page of all 2,000
 # events would hold 1.8 GB of payload text alone.
 #
 # The mock broker keeps only ~5 MB per partition: the payload is one repeated
