@@ -39,6 +39,13 @@ ALTER SYSTEM SET outbox.kafka_config = 'message.max.bytes=2000';
 ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5; compression.codec=lz4; acks=all';
 ALTER SYSTEM RESET outbox.kafka_config;
 
+-- a page's bytes: between 1kB and 1GB
+ALTER SYSTEM SET outbox.batch_max_bytes = 512;
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.batch_max_bytes = '1025MB';
+ALTER SYSTEM SET outbox.batch_max_bytes = '16MB';
+ALTER SYSTEM RESET outbox.batch_max_bytes;
+
 -- credentials belong in a file: PostgreSQL logs a changed setting's value
 -- (relative paths are from the data directory)
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'no_such_file.conf';

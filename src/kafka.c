@@ -15,6 +15,9 @@
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
  *	  page memory once every delivery report of the page has been served.
+ *	- The only blocking librdkafka call, a new topic's metadata fetch, is
+ *	  bounded (know_topic), and the relay checks for shutdown between two;
+ *	  the topics a producer remembers are bounded too.
  *
  *-------------------------------------------------------------------------
  */
@@ -26,6 +29,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "storage/fd.h"
+#include "utils/timestamp.h"
 
 #include "outbox.h"
 
@@ -37,8 +41,9 @@ struct OutboxProducer
 	char		error[256];		/* last error/log line worth reporting */
 	int			error_count;	/* errors since the relay last took one */
 	int			brokers_up;		/* from the last statistics, -1 unknown */
-	int			ntopics;		/* topics whose metadata was fetched */
+	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
 	rd_kafka_topic_t **topics;
+	TimestampTz metadata_paused_until;	/* no metadata fetch before */
 };
 
 /*
@@ -648,6 +653,29 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 }
 
 /*
+ * Fetching a new topic's metadata blocks the relay: each fetch is bounded
+ * by TOPIC_METADATA_TIMEOUT_MS, and after one fails (brokers down or slow)
+ * none is tried for TOPIC_METADATA_PAUSE_MS, so that a page of thousands
+ * of new topics costs at most one timeout, not one per topic.  The relay
+ * checks for shutdown between events.  At most TOPIC_CACHE_MAX topics are
+ * remembered; a full cache is emptied and starts over.
+ */
+#define TOPIC_METADATA_TIMEOUT_MS 250
+#define TOPIC_METADATA_PAUSE_MS 5000
+#define TOPIC_CACHE_MAX 1024
+
+static void
+forget_topics(OutboxProducer *producer)
+{
+	int			i;
+
+	/* librdkafka keeps a topic its queued messages still need */
+	for (i = 0; i < producer->ntopics; i++)
+		rd_kafka_topic_destroy(producer->topics[i]);
+	producer->ntopics = 0;
+}
+
+/*
  * OutboxProducerDestroy
  *		Drop whatever is still queued and destroy the producer.  Events not
  *		acknowledged by now are simply re-sent by the next producer.
@@ -655,13 +683,10 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 void
 OutboxProducerDestroy(OutboxProducer *producer)
 {
-	int			i;
-
 	if (producer == NULL)
 		return;
 	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-	for (i = 0; i < producer->ntopics; i++)
-		rd_kafka_topic_destroy(producer->topics[i]);
+	forget_topics(producer);
 	free(producer->topics);
 	rd_kafka_destroy(producer->rk);
 	close(producer->pipefd[0]);
@@ -680,41 +705,48 @@ OutboxProducerEventFd(OutboxProducer *producer)
 	return producer->pipefd[0];
 }
 
-#define TOPIC_METADATA_TIMEOUT_MS 1000
-
 /*
  * know_topic
  *		Fetch a topic's metadata the first time this producer meets it.
  *		librdkafka 2.0 otherwise finds an unknown topic's partitions only at
  *		its next periodic scan, up to a second later, and every message for
- *		it waits.  One round trip per topic per producer, bounded.
+ *		it waits.  One short round trip per topic per producer, skipped for
+ *		a while after one fails: the periodic scan finds the topic then.
  */
 static void
 know_topic(OutboxProducer *producer, const char *topic)
 {
 	rd_kafka_topic_t *rkt;
 	const struct rd_kafka_metadata *md;
-	rd_kafka_topic_t **grown;
 	int			i;
+	TimestampTz now;
 
 	for (i = producer->ntopics - 1; i >= 0; i--)
 		if (strcmp(rd_kafka_topic_name(producer->topics[i]), topic) == 0)
 			return;
+	if (producer->topics == NULL)
+	{
+		producer->topics = malloc(sizeof(rd_kafka_topic_t *) * TOPIC_CACHE_MAX);
+		if (producer->topics == NULL)
+			return;
+	}
+	if (producer->ntopics >= TOPIC_CACHE_MAX)
+		forget_topics(producer);
 	rkt = rd_kafka_topic_new(producer->rk, topic, NULL);
 	if (rkt == NULL)
 		return;
-	grown = realloc(producer->topics, sizeof(rd_kafka_topic_t *) * (producer->ntopics + 1));
-	if (grown == NULL)
-	{
-		rd_kafka_topic_destroy(rkt);
-		return;
-	}
-	producer->topics = grown;
 	producer->topics[producer->ntopics++] = rkt;
+
+	now = GetCurrentTimestamp();
+	if (now < producer->metadata_paused_until)
+		return;
 	/* failure is harmless: the periodic scan finds it later */
 	if (rd_kafka_metadata(producer->rk, 0, rkt, &md, TOPIC_METADATA_TIMEOUT_MS) ==
 		RD_KAFKA_RESP_ERR_NO_ERROR)
 		rd_kafka_metadata_destroy(md);
+	else
+		producer->metadata_paused_until =
+			TimestampTzPlusMilliseconds(GetCurrentTimestamp(), TOPIC_METADATA_PAUSE_MS);
 }
 
 static rd_kafka_resp_err_t
@@ -752,6 +784,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		add_header(hdrs, event->header_names[i], event->header_values[i]);
 
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
+	event->delivery_local = false;
 	err = rd_kafka_producev(producer->rk,
 							RD_KAFKA_V_TOPIC(event->topic),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
@@ -765,6 +798,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		/* on failure the headers stay ours */
 		rd_kafka_headers_destroy(hdrs);
 		event->delivery_err = (int) err;
+		event->delivery_local = true;
 		return;
 	}
 	producer->pending++;
@@ -827,6 +861,38 @@ const char *
 OutboxDeliveryErrorName(int err)
 {
 	return rd_kafka_err2name((rd_kafka_resp_err_t) err);
+}
+
+/*
+ * OutboxDeliveryErrorText
+ *		What a quarantine records and logs of err: its name and, for a
+ *		refusal by size, who refused: librdkafka itself when producev
+ *		returned the error (local), else a broker, whose answer came in the
+ *		delivery report.  The fix differs: the producer's message.max.bytes
+ *		or the broker's and topic's limits.  Returns a static buffer.
+ */
+const char *
+OutboxDeliveryErrorText(int err, bool local)
+{
+	static char text[200];
+	const char *name = rd_kafka_err2name((rd_kafka_resp_err_t) err);
+
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+			if (local)
+				snprintf(text, sizeof(text),
+						 "%s: refused by the client: message larger than message.max.bytes",
+						 name);
+			else
+				snprintf(text, sizeof(text),
+						 "%s: refused by the broker: message larger than its message.max.bytes "
+						 "or the topic's max.message.bytes", name);
+			return text;
+		default:
+			return name;
+	}
 }
 
 /*

@@ -34,6 +34,7 @@ char	   *outbox_kafka_secrets_file = NULL;
 int			outbox_kafka_message_max_bytes = OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT;
 char	   *outbox_allowed_topics = NULL;
 int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
+int			outbox_batch_max_bytes = OUTBOX_BATCH_MAX_BYTES_DEFAULT;
 int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
@@ -228,6 +229,16 @@ _PG_init(void)
 							&outbox_batch_size,
 							OUTBOX_BATCH_SIZE_DEFAULT, 1, OUTBOX_BATCH_SIZE_MAX,
 							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_max_bytes",
+							"Bytes of events (payload, key and headers) a relay reads and publishes per page.",
+							"A page ends at outbox.batch_size events or at this many bytes, whichever "
+							"comes first; an event larger than this goes out alone.",
+							&outbox_batch_max_bytes,
+							OUTBOX_BATCH_MAX_BYTES_DEFAULT, OUTBOX_BATCH_MAX_BYTES_MIN,
+							OUTBOX_BATCH_MAX_BYTES_MAX,
+							PGC_SIGHUP, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.poll_interval",

@@ -24,6 +24,9 @@
 #define OUTBOX_MAX_PAYLOAD_DEFAULT	(1024 * 1024)
 #define OUTBOX_BATCH_SIZE_DEFAULT	5000
 #define OUTBOX_BATCH_SIZE_MAX		100000
+#define OUTBOX_BATCH_MAX_BYTES_DEFAULT (64 * 1024 * 1024)
+#define OUTBOX_BATCH_MAX_BYTES_MIN	1024
+#define OUTBOX_BATCH_MAX_BYTES_MAX	(1024 * 1024 * 1024)
 #define OUTBOX_POLL_INTERVAL_DEFAULT 1000
 #define OUTBOX_POLL_INTERVAL_MAX	3600000
 #define OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT 5000
@@ -97,6 +100,7 @@ extern char *outbox_kafka_secrets_file;
 extern int	outbox_kafka_message_max_bytes;
 extern char *outbox_allowed_topics;
 extern int	outbox_batch_size;
+extern int	outbox_batch_max_bytes;
 extern int	outbox_poll_interval;
 extern bool outbox_enabled;
 extern int	outbox_shutdown_timeout;
@@ -272,11 +276,14 @@ typedef struct OutboxEvent
 	char	  **header_values;
 	TimestampTz created_at;
 	int			delivery_err;
+	bool		delivery_local; /* delivery_err is librdkafka's own refusal at
+								 * produce time, not a delivery report's */
 
 	/* delivery state, kept by the relay while the page is in hand */
 	int			disposition;	/* OUTBOX_EVENT_* */
 	int			attempts;		/* permanent failures so far */
 	int			last_err;
+	bool		last_err_local; /* delivery_local of last_err */
 	OutboxErrorClass last_class;
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
@@ -312,6 +319,7 @@ extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
 extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
 extern const char *OutboxDeliveryErrorName(int err);
+extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
 
 /* store.c */
@@ -338,8 +346,9 @@ extern bool OutboxStoreExtensionPresent(void);
 extern int64 OutboxStoreLoadProgress(OutboxBatch *batch, bool resume,
 									 MemoryContext cxt);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
-extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit,
-								OutboxEvent **events, MemoryContext cxt);
+extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
+								OutboxEvent **events, MemoryContext cxt,
+								bool *cut);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
 extern void OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);

@@ -15,7 +15,14 @@
  *	  failed is sent again, in id order; a round not acknowledged within
  *	  outbox.delivery_timeout is withdrawn whole first.
  *	- The next page is read while the current one's acknowledgements
- *	  travel: the database and the network work at the same time.
+ *	  travel: the database and the network work at the same time.  So at
+ *	  most two pages are in memory, each bounded by outbox.batch_size
+ *	  events and outbox.batch_max_bytes bytes.
+ *	- Shutdown is looked at between any two messages handed to librdkafka,
+ *	  whose only blocking call is bounded (kafka.c): a stopping relay is
+ *	  gone within about outbox.shutdown_timeout, whatever the brokers do.
+ *	- What a reload or a producer rebuild allocates lives in contexts reset
+ *	  at the next one: reloads do not make the relay grow.
  *	- The relay sleeps on its latch (set at commit by emitting backends, or
  *	  by signals) and on the producer's event descriptor; the safety poll
  *	  outbox.poll_interval only catches what woke nobody.
@@ -91,12 +98,21 @@ static MemoryContext page_cxt = NULL;	/* replay pages */
 static OutboxBatch batch;
 static bool batch_open = false;
 
+/*
+ * The producer and the settings it was built with (in producer_cxt, reset
+ * when it is dropped); the secrets file as last read (in secrets_cxt, reset
+ * at each read).  What building or reading leaves behind goes into
+ * scratch_cxt, reset after each use: reloads and rebuilds never add up.
+ */
 static OutboxProducer *producer = NULL;
+static MemoryContext producer_cxt = NULL;
 static char *producer_brokers = NULL;
 static char *producer_config = NULL;
 static char *producer_secrets = NULL;	/* as used by the producer */
+static MemoryContext secrets_cxt = NULL;
 static char *current_secrets = NULL;	/* the secrets file as last read */
 static char *secrets_error = NULL;	/* why it could not be read */
+static MemoryContext scratch_cxt = NULL;
 
 static int	backoff_ms = 0;
 static TimestampTz last_error_log = 0;
@@ -237,15 +253,15 @@ read_secrets(void)
 {
 	char	   *message = NULL;
 	char	   *text = NULL;
+	MemoryContext old;
 
+	MemoryContextReset(secrets_cxt);
+	old = MemoryContextSwitchTo(secrets_cxt);
 	if (outbox_kafka_secrets_file[0] != '\0')
 		text = OutboxKafkaReadSecrets(outbox_kafka_secrets_file, &message);
-	if (current_secrets != NULL)
-		pfree(current_secrets);
-	if (secrets_error != NULL)
-		pfree(secrets_error);
-	current_secrets = MemoryContextStrdup(relay_cxt, text ? text : "");
-	secrets_error = message ? MemoryContextStrdup(relay_cxt, message) : NULL;
+	current_secrets = text ? text : pstrdup("");
+	secrets_error = message;
+	MemoryContextSwitchTo(old);
 }
 
 static bool
@@ -262,9 +278,8 @@ drop_producer(void)
 {
 	OutboxProducerDestroy(producer);
 	producer = NULL;
-	pfree(producer_brokers);
-	pfree(producer_config);
-	pfree(producer_secrets);
+	MemoryContextReset(producer_cxt);
+	producer_brokers = producer_config = producer_secrets = NULL;
 }
 
 /*
@@ -278,6 +293,7 @@ ensure_producer(void)
 {
 	char	   *message = NULL;
 	char		fatal[256];
+	MemoryContext old;
 
 	if (producer != NULL && OutboxProducerIsFatal(producer, fatal, sizeof(fatal)))
 	{
@@ -298,16 +314,20 @@ ensure_producer(void)
 		report_error("could not create the Kafka producer", secrets_error);
 		return false;
 	}
+	old = MemoryContextSwitchTo(scratch_cxt);
 	producer = OutboxProducerCreate(outbox_kafka_brokers, outbox_kafka_config,
 									current_secrets, &message);
+	MemoryContextSwitchTo(old);
 	if (producer == NULL)
 	{
 		report_error("could not create the Kafka producer", message);
+		MemoryContextReset(scratch_cxt);
 		return false;
 	}
-	producer_brokers = MemoryContextStrdup(relay_cxt, outbox_kafka_brokers);
-	producer_config = MemoryContextStrdup(relay_cxt, outbox_kafka_config);
-	producer_secrets = MemoryContextStrdup(relay_cxt, current_secrets);
+	MemoryContextReset(scratch_cxt);
+	producer_brokers = MemoryContextStrdup(producer_cxt, outbox_kafka_brokers);
+	producer_config = MemoryContextStrdup(producer_cxt, outbox_kafka_config);
+	producer_secrets = MemoryContextStrdup(producer_cxt, current_secrets);
 	return true;
 }
 
@@ -541,7 +561,8 @@ quarantine(OutboxEvent *events, int n, int i, bool replay)
 			(errmsg("outbox relay quarantined event %s after %d attempts",
 					head->event_id, head->attempts),
 			 errdetail("Kafka refused it with %s (aggregate %s/%s, topic \"%s\").",
-					   OutboxDeliveryErrorName(head->last_err), head->aggregate_type,
+					   OutboxDeliveryErrorText(head->last_err, head->last_err_local),
+					   head->aggregate_type,
 					   head->aggregate_id, head->topic),
 			 errhint("outbox.replay('%s') publishes it again; outbox.discard('%s') drops it.",
 					 head->event_id, head->event_id)));
@@ -610,6 +631,13 @@ send_round(OutboxEvent *events, int n, int *retried)
 		set_state(OUTBOX_RELAY_PUBLISHING);
 	for (i = 0; i < n; i++)
 	{
+		/*
+		 * A new topic may cost librdkafka a bounded metadata round trip:
+		 * between events, look whether the relay must stop, so that a page
+		 * of many topics does not outlast outbox.shutdown_timeout.
+		 */
+		if (ShutdownRequestPending)
+			break;
 		if (events[i].disposition != OUTBOX_EVENT_PENDING ||
 			held_back(events, i, any_refused))
 			continue;
@@ -621,6 +649,17 @@ send_round(OutboxEvent *events, int n, int *retried)
 			any_refused = true;
 	}
 	return sent;
+}
+
+static bool
+any_pending(const OutboxEvent *events, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (events[i].disposition == OUTBOX_EVENT_PENDING)
+			return true;
+	return false;
 }
 
 /*
@@ -648,6 +687,9 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 
 		if (sent == 0)
 		{
+			/* a round cut short by shutdown left events unsent */
+			if (ShutdownRequestPending && any_pending(events, n))
+				return PAGE_ABANDONED;
 			/* settled, if only by quarantine: no longer backing off */
 			backoff_ms = 0;
 			return PAGE_SETTLED;
@@ -683,6 +725,7 @@ settle(OutboxEvent *events, int n, bool replay, int sent, int retried)
 				first_err = ev->delivery_err;
 			now = GetCurrentTimestamp();
 			ev->last_err = ev->delivery_err;
+			ev->last_err_local = ev->delivery_local;
 			ev->last_class = OutboxDeliveryErrorClass(ev->delivery_err);
 			ev->delivery_err = OUTBOX_DELIVERY_PENDING;
 			if (ev->first_failed_at == 0)
@@ -748,14 +791,17 @@ deliver(OutboxEvent *events, int n, bool replay)
 /*
  * read_page
  *		Read the next page of the open batch (opening one if none is) into
- *		pg.  The reader moves on at once; the progress row moves only when
- *		the page is settled (record_page).  Returns false when there is
- *		nothing to read.
+ *		pg: at most outbox.batch_size events and outbox.batch_max_bytes of
+ *		them, so the page in hand and the one read ahead together stay
+ *		within twice that.  The reader moves on at once; the progress row
+ *		moves only when the page is settled (record_page).  Returns false
+ *		when there is nothing to read.
  */
 static bool
 read_page(RelayPage *pg)
 {
 	bool		opened = false;
+	bool		cut = false;
 
 	MemoryContextReset(pg->cxt);
 	pg->n = 0;
@@ -777,7 +823,8 @@ read_page(RelayPage *pg)
 		batch_open = true;
 		opened = true;
 	}
-	pg->n = OutboxStoreReadPage(&batch, outbox_batch_size, &pg->events, pg->cxt);
+	pg->n = OutboxStoreReadPage(&batch, outbox_batch_size, outbox_batch_max_bytes,
+								&pg->events, pg->cxt, &cut);
 	end_txn();
 
 	OutboxSlotSetBacklog(relay_slot, opened, batch.remaining,
@@ -785,7 +832,7 @@ read_page(RelayPage *pg)
 						 pg->n);
 	pg->cur = MemoryContextStrdup(pg->cxt, batch.cur);
 	pg->last_id = pg->n > 0 ? pg->events[pg->n - 1].id : batch.last_id;
-	pg->done = pg->n < outbox_batch_size || pg->last_id >= batch.max_id;
+	pg->done = (pg->n < outbox_batch_size && !cut) || pg->last_id >= batch.max_id;
 	batch.remaining -= pg->n;
 	if (pg->done)
 	{
@@ -1090,6 +1137,12 @@ OutboxRelayMain(Datum main_arg)
 	mallopt(M_MMAP_THRESHOLD, RELAY_MALLOC_KEEP);
 	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",
 										ALLOCSET_SMALL_SIZES);
+	producer_cxt = AllocSetContextCreate(relay_cxt, "outbox producer settings",
+										 ALLOCSET_SMALL_SIZES);
+	secrets_cxt = AllocSetContextCreate(relay_cxt, "outbox secrets",
+										ALLOCSET_SMALL_SIZES);
+	scratch_cxt = AllocSetContextCreate(relay_cxt, "outbox scratch",
+										ALLOCSET_DEFAULT_SIZES);
 
 	read_secrets();
 

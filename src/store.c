@@ -13,6 +13,10 @@
  *	  in-progress list or at or above prev's xmax, which is what lets the
  *	  txid index find the batch without scanning from an old xmin.
  *	- Pages go out in id order; for one aggregate id order is commit order.
+ *	- A page is bounded by outbox.batch_size events and, past its first
+ *	  event, by outbox.batch_max_bytes of payload, keys and headers; rows
+ *	  come through a cursor a chunk at a time, so neither SPI nor the page
+ *	  ever holds more than that.
  *
  *-------------------------------------------------------------------------
  */
@@ -74,6 +78,9 @@
 	" e.event_type, e.schema_version, e.topic, e.key, e.payload, e.headers," \
 	" e.tenant, e.traceparent, e.occurred_at, e.created_at"
 #define EVENT_NCOLUMNS 15
+
+/* rows fetched from a page's cursor at a time: SPI holds no more at once */
+#define PAGE_FETCH_ROWS 1000
 
 #define PAGE_SQL(prev) \
 	"SELECT " EVENT_COLUMNS \
@@ -552,6 +559,9 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 	initStringInfo(&json);
 	ev->payload = JsonbToCString(&json, &payload->root, VARSIZE(payload));
 	ev->payload_len = json.len;
+	/* a large payload arrives toasted: keep its text, not also its jsonb */
+	if ((Pointer) payload != DatumGetPointer(v[9]))
+		pfree(payload);
 	if (!isnull[10])
 		decode_headers(ev, DatumGetJsonbP(v[10]));
 	ev->tenant = isnull[11] ? NULL : text_copy(v[11]);
@@ -563,20 +573,117 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 }
 
 /*
+ * event_bytes
+ *		What an event weighs on the wire, as outbox.batch_max_bytes counts
+ *		it: payload, key, and every header's name and value.
+ */
+static int64
+event_bytes(const OutboxEvent *ev)
+{
+	/* names of the fixed headers, and generous room for seq and version */
+	int64		bytes = 64 + 2 * 20;
+	int			i;
+
+	bytes += ev->payload_len + strlen(ev->key) + strlen(ev->event_id) +
+		strlen(ev->event_type) + strlen(ev->aggregate_type) +
+		strlen(ev->aggregate_id) + strlen(ev->occurred_at);
+	if (ev->tenant != NULL)
+		bytes += strlen(ev->tenant) + 6;
+	if (ev->traceparent != NULL)
+		bytes += strlen(ev->traceparent) + 11;
+	for (i = 0; i < ev->nheaders; i++)
+		bytes += strlen(ev->header_names[i]) + strlen(ev->header_values[i]);
+	return bytes;
+}
+
+/*
+ * fetch_events
+ *		Decode the rows of portal (EVENT_COLUMNS, then for replays the queue
+ *		position and dead letter flag) into an array allocated in cxt, a
+ *		chunk of rows at a time, until limit events or until the next one
+ *		would take the page past max_bytes (event_bytes); the first event
+ *		is always taken, however large.  *cut says the page ended on bytes
+ *		while rows remained.  Only a chunk of rows and the page itself are
+ *		in memory at once: the decoded page is bounded by max_bytes plus
+ *		one event, which is decoded to be weighed, then released.
+ */
+static int
+fetch_events(Portal portal, int limit, int64 max_bytes,
+			 OutboxEvent **events, MemoryContext cxt, bool *cut)
+{
+	OutboxEvent *evs;
+	int			n = 0;
+	int			cap = Min(limit, PAGE_FETCH_ROWS);
+	int64		bytes = 0;
+
+	*cut = false;
+	evs = MemoryContextAllocZero(cxt, sizeof(OutboxEvent) * Max(cap, 1));
+	while (n < limit && !*cut)
+	{
+		uint64		i;
+		MemoryContext old;
+
+		SPI_cursor_fetch(portal, true, Min(PAGE_FETCH_ROWS, limit - n));
+		if (SPI_processed == 0)
+			break;
+		if (n + (int) SPI_processed > cap)
+		{
+			int			grown = Min(Max(cap * 2, n + (int) SPI_processed), limit);
+
+			evs = repalloc(evs, sizeof(OutboxEvent) * grown);
+			memset(evs + cap, 0, sizeof(OutboxEvent) * (grown - cap));
+			cap = grown;
+		}
+		old = MemoryContextSwitchTo(cxt);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			OutboxEvent *ev = &evs[n];
+			int64		size;
+
+			decode_event(tup, desc, ev);
+			size = event_bytes(ev);
+			if (n > 0 && bytes + size > max_bytes)
+			{
+				/* the next page starts with it; its small strings stay */
+				pfree(ev->payload);
+				memset(ev, 0, sizeof(OutboxEvent));
+				*cut = true;
+				break;
+			}
+			if (desc->natts > EVENT_NCOLUMNS)
+			{
+				bool		isnull;
+
+				ev->queue_position = DatumGetInt64(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 1, &isnull));
+				ev->dead_letter = DatumGetBool(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 2, &isnull));
+			}
+			bytes += size;
+			n++;
+		}
+		MemoryContextSwitchTo(old);
+		SPI_freetuptable(SPI_tuptable);
+	}
+	*events = evs;
+	return n;
+}
+
+/*
  * OutboxStoreReadPage
- *		The next up to limit events of the open batch, in id order, copied
- *		into cxt.  Returns how many.
+ *		The next events of the open batch, in id order, copied into cxt:
+ *		up to limit of them and, past the first, up to max_bytes of them
+ *		(fetch_events).  Returns how many; *cut says the bytes ended the page
+ *		while the batch has more.
  */
 int
-OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
-					MemoryContext cxt)
+OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
+					OutboxEvent **events, MemoryContext cxt, bool *cut)
 {
 	Datum		values[QUERY_NARGS];
 	char		nulls[QUERY_NARGS];
-	int			rc;
-	uint64		i;
-	OutboxEvent *evs;
-	MemoryContext old;
+	Portal		portal;
+	int			n;
 
 	SPI_connect();
 	set_args(values, nulls, batch, batch->last_id);
@@ -584,20 +691,14 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, OutboxEvent **events,
 	nulls[3] = ' ';
 	values[4] = Int32GetDatum(limit);
 	nulls[4] = ' ';
-	rc = SPI_execute_plan(get_plan(batch->prev == NULL ? Q_PAGE_FIRST : Q_PAGE),
-						  values, nulls, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not read events: %s", SPI_result_code_string(rc));
-
-	old = MemoryContextSwitchTo(cxt);
-	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
-	for (i = 0; i < SPI_processed; i++)
-		decode_event(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &evs[i]);
-	MemoryContextSwitchTo(old);
-	*events = evs;
-	rc = (int) SPI_processed;
+	portal = SPI_cursor_open(NULL, get_plan(batch->prev == NULL ? Q_PAGE_FIRST : Q_PAGE),
+							 values, nulls, true);
+	if (portal == NULL)
+		elog(ERROR, "could not read events: %s", SPI_result_code_string(SPI_result));
+	n = fetch_events(portal, limit, max_bytes, events, cxt, cut);
+	SPI_cursor_close(portal);
 	SPI_finish();
-	return rc;
+	return n;
 }
 
 /*
@@ -728,7 +829,7 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 		if (cls != NULL && ev->attempts > 0)
 		{
 			values[3] = CStringGetTextDatum(cls);
-			values[4] = CStringGetTextDatum(OutboxDeliveryErrorName(ev->last_err));
+			values[4] = CStringGetTextDatum(OutboxDeliveryErrorText(ev->last_err, ev->last_err_local));
 			values[6] = TimestampTzGetDatum(ev->first_failed_at);
 			values[7] = TimestampTzGetDatum(ev->last_failed_at);
 		}
@@ -791,44 +892,33 @@ OutboxStoreLoadBlocked(MemoryContext cxt)
 
 /*
  * OutboxStoreReadReplays
- *		The next up to limit queued replays, in queue order.
+ *		The next up to limit queued replays, in queue order, and at most
+ *		outbox.batch_max_bytes of them past the first (fetch_events).
  */
 int
 OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 {
 	Datum		values[1];
 	Oid			types[1] = {INT4OID};
-	int			rc;
-	uint64		i;
-	OutboxEvent *evs;
-	MemoryContext old;
+	Portal		portal;
+	bool		cut;
+	int			n;
 
 	SPI_connect();
 	values[0] = Int32GetDatum(limit);
-	rc = SPI_execute_with_args("SELECT " EVENT_COLUMNS ", q.position, q.dead_letter"
-							   " FROM outbox.replay_queue q"
-							   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
-							   " ORDER BY q.position LIMIT $1",
-							   1, types, values, NULL, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not read the replay queue: %s", SPI_result_code_string(rc));
-	old = MemoryContextSwitchTo(cxt);
-	evs = palloc0(sizeof(OutboxEvent) * Max(SPI_processed, 1));
-	for (i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-
-		decode_event(tup, desc, &evs[i]);
-		evs[i].queue_position = DatumGetInt64(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 1, &isnull));
-		evs[i].dead_letter = DatumGetBool(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 2, &isnull));
-	}
-	MemoryContextSwitchTo(old);
-	*events = evs;
-	rc = (int) SPI_processed;
+	portal = SPI_cursor_open_with_args(NULL,
+									   "SELECT " EVENT_COLUMNS ", q.position, q.dead_letter"
+									   " FROM outbox.replay_queue q"
+									   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
+									   " ORDER BY q.position LIMIT $1",
+									   1, types, values, NULL, true, 0);
+	if (portal == NULL)
+		elog(ERROR, "could not read the replay queue: %s", SPI_result_code_string(SPI_result));
+	/* what the bytes leave out stays queued for the next page */
+	n = fetch_events(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
+	SPI_cursor_close(portal);
 	SPI_finish();
-	return rc;
+	return n;
 }
 
 /*

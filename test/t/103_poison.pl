@@ -97,7 +97,8 @@ ok(wait_for_state($e2, 'quarantined'), 'the event too large is quarantined');
 my $dl = dead_letter($e2);
 is($dl->{attempts}, $max_attempts, "after outbox.max_attempts ($max_attempts) attempts");
 is($dl->{error_class}, 'permanent', 'its error class is permanent');
-is($dl->{last_error}, 'MSG_SIZE_TOO_LARGE', 'its last error is MSG_SIZE_TOO_LARGE');
+like($dl->{last_error}, qr/^MSG_SIZE_TOO_LARGE: refused by the client\b/,
+	'its last error is MSG_SIZE_TOO_LARGE, refused by the client');
 is($dl->{envelope}{event_id}, $e2, 'the dead letter keeps the envelope');
 ok(defined $dl->{first_failed_at} && defined $dl->{last_failed_at},
 	'and when it first and last failed');
