@@ -230,7 +230,6 @@ typedef struct OutboxEvent
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
 	char	   *blocked_by;		/* parked: event id of the quarantined head */
-	bool		requeue;		/* parked behind a head being replayed */
 
 	/* replay pages only */
 	int64		queue_position;
@@ -286,7 +285,7 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit,
 								OutboxEvent **events, MemoryContext cxt);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
-extern void OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
+extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
@@ -299,7 +298,6 @@ typedef struct OutboxBlocked
 	char	   *aggregate_type;
 	char	   *aggregate_id;
 	char	   *head;			/* event id of the quarantined event */
-	bool		replaying;		/* its replay is queued */
 } OutboxBlocked;
 
 /* launcher.c */
