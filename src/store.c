@@ -525,6 +525,8 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 	static SPIPlanPtr queue_plan = NULL;
 	int			i;
 	int			queued = 0;
+	const char *last_head = NULL;	/* the head last asked about */
+	bool		last_holds = false;
 
 	SPI_connect();
 	if (insert_plan == NULL)
@@ -578,7 +580,13 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 			state = "quarantined";
 		else if (ev->disposition == OUTBOX_EVENT_PARKED)
 		{
-			requeue = ev->blocked_by == NULL || !head_holds(ev->blocked_by);
+			if (ev->blocked_by != NULL &&
+				(last_head == NULL || strcmp(last_head, ev->blocked_by) != 0))
+			{
+				last_head = ev->blocked_by;
+				last_holds = head_holds(last_head);
+			}
+			requeue = ev->blocked_by == NULL || !last_holds;
 			state = requeue ? "replaying" : "parked";
 		}
 		else
