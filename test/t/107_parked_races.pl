@@ -151,10 +151,12 @@ ok( set_and_reload(
 		qr/Kafka settings changed, rebuilding the producer/),
 	'message.max.bytes back to its default (reload)');
 
-# three events of one aggregate, delivered, for the replay of a window below
-my ($w1, $w2, $w3) = emit([ 'w1', 20000, 'win', $window_topic ],
-	[ 'w1', 10, 'win', $window_topic ], [ 'w1', 10, 'win', $window_topic ]);
-wait_for_events($kafka, $window_topic, [ $w1, $w2, $w3 ], 30);
+# five events of one aggregate, delivered, for the replay of a window
+# below: two replay pages of outbox.batch_size (3)
+my @w = emit([ 'w1', 20000, 'win', $window_topic ],
+	map { [ 'w1', 10, 'win', $window_topic ] } 1 .. 4);
+my $w1 = $w[0];
+wait_for_events($kafka, $window_topic, \@w, 30);
 
 # --- replay() and discard() commit while the page with the parked
 # successors is in flight: x goes out slowly, pa and pb wait behind their
@@ -203,22 +205,23 @@ is($node->safe_psql('postgres',
 is(stranded(), '', 'nothing is parked behind a resolved head');
 
 # --- replay(since, until): the first event is refused again; the events
-# queued behind it are parked behind it, not published ahead of it
+# queued behind it, in its page and in the next, are parked behind it, not
+# published ahead of it
 ok( set_and_reload(
 		$node, 'postgres', 'outbox.kafka_config', $small_config,
 		qr/Kafka settings changed, rebuilding the producer/),
 	'message.max.bytes = 10000 again (reload)');
 is( $node->safe_psql('postgres',
 		"SELECT outbox.replay(now() - interval '1 hour', now() + interval '1 hour', 'win')"),
-	'3', 'replay of a window queues the three delivered events');
+	'5', 'replay of a window queues the five delivered events');
 ok( poll_until($node, 'postgres',
 		"SELECT (SELECT count(*) FROM outbox.replay_queue) || ':' ||"
 		  . " string_agg(state || coalesce(' behind ' || blocked_by, ''), ',' ORDER BY event_pk)"
 		  . " FROM outbox.dead_letters WHERE aggregate_type = 'win'",
-		"0:quarantined,parked behind $w1,parked behind $w1", 30),
-	'the first is quarantined again, the other two are parked behind it, the queue is empty');
+		"0:quarantined" . ",parked behind $w1" x 4, 30),
+	'the first is quarantined again, the other four are parked behind it, the queue is empty');
 $msgs = read_topic($kafka, $window_topic) // [];
-is(scalar(@$msgs), 3, 'nothing of the window went out again ahead of its quarantined head');
+is(scalar(@$msgs), 5, 'nothing of the window went out again ahead of its quarantined head');
 ok( set_and_reload(
 		$node, 'postgres', 'outbox.kafka_config',
 		$OutboxTest::TEST_KAFKA_CONFIG,
@@ -226,12 +229,12 @@ ok( set_and_reload(
 	'message.max.bytes back to its default (reload)');
 is( $node->safe_psql('postgres',
 		"SELECT string_agg(queued_event_id::text, ',' ORDER BY seq) FROM outbox.replay('$w1')"),
-	"$w1,$w2,$w3", 'replay() of it queues the three, in order');
+	join(',', @w), 'replay() of it queues the five, in order');
 ok(poll_until($node, 'postgres',
 		"SELECT count(*) FROM outbox.replay_queue", '0', 30), 'the queue drains');
-$msgs = wait_for_messages($kafka, $window_topic, 6, 30);
+$msgs = wait_for_messages($kafka, $window_topic, 10, 30);
 is_deeply([ map { $_->{headers}{id} } @$msgs ],
-	[ $w1, $w2, $w3, $w1, $w2, $w3 ],
+	[ @w, @w ],
 	'the window arrives once as delivered and once replayed, each time in order');
 
 # --- a replay committed by COMMIT PREPARED wakes nobody: the relay finds
@@ -253,7 +256,7 @@ $node->safe_psql('postgres',
 	  . " '$ha', to_jsonb(e) FROM outbox.events e WHERE event_id = '$z'");
 is( $node->safe_psql('postgres',
 		"SELECT outbox.replay(now() - interval '1 hour', now() + interval '1 hour', 'win')"),
-	'3', 'a replay of a window (which releases nothing itself)');
+	'5', 'a replay of a window (which releases nothing itself)');
 ok(wait_for_state($z, 'replayed'), 'the stranded event is released and published again');
 $msgs = wait_for_messages($kafka, $topic, 1, 5);
 is(event_ids_of($msgs)->{$z}, 2, 'it is in Kafka twice: delivered, then released');
