@@ -514,9 +514,9 @@ head_holds(const char *head)
  *		each envelope).  A parked event whose head no longer holds it back
  *		(replayed, discarded, or queued for replay since the page was sent;
  *		see head_holds) joins the replay queue instead, behind its head.
- *		Runs in the transaction that saves the page;
- *		events come in id order, so a head quarantined in the same page is
- *		recorded before what parks behind it.  Returns how many were queued.
+ *		Runs in the transaction that saves the page.  Events come in id
+ *		order, so a head quarantined in the same page is recorded before
+ *		what parks behind it.  Returns how many were queued.
  */
 int
 OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
