@@ -376,11 +376,20 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state';
 	END IF;
 
+	/*
+	 * With the head go the events parked behind it, and any event still
+	 * parked behind a head that no longer holds it back (replayed,
+	 * discarded, queued): such an event has no other way out.
+	 */
 	RETURN QUERY
 	WITH chosen AS (
 		UPDATE outbox.dead_letters d SET state = 'replaying'
 		 WHERE d.event_id = head.event_id
-			OR (d.blocked_by = head.event_id AND d.state = 'parked')
+			OR (d.state = 'parked'
+				AND (d.blocked_by = head.event_id
+					 OR NOT EXISTS (SELECT 1 FROM outbox.dead_letters h
+									 WHERE h.event_id = d.blocked_by
+									   AND h.state IN ('quarantined', 'parked'))))
 		RETURNING d.*
 	), queued AS (
 		INSERT INTO outbox.replay_queue (event_pk, dead_letter)
@@ -419,10 +428,15 @@ BEGIN
 	 WHERE d.event_id = head.event_id;
 	RETURN QUERY
 	SELECT head.event_id, head.aggregate_type, head.aggregate_id, head.seq, 'discarded'::text;
+	/* as in replay(): also what waits behind a head already gone */
 	RETURN QUERY
 	WITH released AS (
 		UPDATE outbox.dead_letters d SET state = 'replaying'
-		 WHERE d.blocked_by = head.event_id AND d.state = 'parked'
+		 WHERE d.state = 'parked'
+		   AND (d.blocked_by = head.event_id
+				OR NOT EXISTS (SELECT 1 FROM outbox.dead_letters h
+								WHERE h.event_id = d.blocked_by
+								  AND h.state IN ('quarantined', 'parked')))
 		RETURNING d.*
 	), queued AS (
 		INSERT INTO outbox.replay_queue (event_pk, dead_letter)

@@ -44,6 +44,30 @@ SELECT event_id, state, resolved_at IS NOT NULL AS resolved FROM outbox.dead_let
 SELECT t.err($$SELECT * FROM outbox.discard('00000000-0000-7000-8000-0000000000b1')$$);
 SELECT t.err($$SELECT * FROM outbox.discard('00000000-0000-7000-8000-00000000ffff')$$);
 
+-- an event left parked behind a head already replayed or discarded (as a
+-- relay of 1.0 could record it) is released by the next replay or discard
+SELECT outbox.emit('crate', 'k1', 'crate.packed', '{}', event_id => '00000000-0000-7000-8000-0000000000c1');
+SELECT outbox.emit('crate', 'k1', 'crate.shipped', '{}', event_id => '00000000-0000-7000-8000-0000000000c2');
+SELECT outbox.emit('crate', 'k2', 'crate.packed', '{}', event_id => '00000000-0000-7000-8000-0000000000d1');
+SELECT outbox.emit('crate', 'k2', 'crate.shipped', '{}', event_id => '00000000-0000-7000-8000-0000000000d2');
+SELECT outbox.emit('crate', 'k3', 'crate.packed', '{}', event_id => '00000000-0000-7000-8000-0000000000e1');
+SELECT outbox.emit('crate', 'k4', 'crate.packed', '{}', event_id => '00000000-0000-7000-8000-0000000000f1');
+SELECT outbox.emit('crate', 'k4', 'crate.shipped', '{}', event_id => '00000000-0000-7000-8000-0000000000f2');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000c1', 'quarantined');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000c2', 'parked', '00000000-0000-7000-8000-0000000000c1');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000d1', 'quarantined');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000d2', 'parked', '00000000-0000-7000-8000-0000000000d1');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000e1', 'quarantined');
+UPDATE outbox.dead_letters SET state = 'replayed' WHERE event_id = '00000000-0000-7000-8000-0000000000c1';
+SELECT * FROM outbox.replay('00000000-0000-7000-8000-0000000000d1');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000f1', 'quarantined');
+SELECT t.quarantine('00000000-0000-7000-8000-0000000000f2', 'parked', '00000000-0000-7000-8000-0000000000f1');
+UPDATE outbox.dead_letters SET state = 'discarded' WHERE event_id = '00000000-0000-7000-8000-0000000000f1';
+SELECT * FROM outbox.discard('00000000-0000-7000-8000-0000000000e1');
+SELECT event_id, state FROM outbox.dead_letters WHERE aggregate_type = 'crate' ORDER BY event_pk;
+SELECT e.event_id FROM outbox.replay_queue q JOIN outbox.events e ON e.id = q.event_pk
+ WHERE e.aggregate_type = 'crate' ORDER BY q.position;
+
 -- replay of a window: only events the relay delivered, none here yet
 SELECT outbox.replay(now() - interval '1 hour', now() + interval '1 hour') AS queued_nothing_delivered;
 -- pretend everything so far was delivered

@@ -288,7 +288,6 @@ typedef struct OutboxEvent
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
 	char	   *blocked_by;		/* parked: event id of the quarantined head */
-	bool		requeue;		/* parked behind a head being replayed */
 
 	/* replay pages only */
 	int64		queue_position;
@@ -351,7 +350,7 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								bool *cut);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
-extern void OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
+extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
@@ -364,7 +363,6 @@ typedef struct OutboxBlocked
 	char	   *aggregate_type;
 	char	   *aggregate_id;
 	char	   *head;			/* event id of the quarantined event */
-	bool		replaying;		/* its replay is queued */
 } OutboxBlocked;
 
 /* launcher.c */

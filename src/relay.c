@@ -532,7 +532,6 @@ block_aggregate(const OutboxEvent *head)
 	b->aggregate_type = pstrdup(head->aggregate_type);
 	b->aggregate_id = pstrdup(head->aggregate_id);
 	b->head = pstrdup(head->event_id);
-	b->replaying = false;
 	blocked = lappend(blocked, b);
 	MemoryContextSwitchTo(old);
 }
@@ -548,7 +547,10 @@ same_aggregate(const OutboxEvent *a, const OutboxEvent *b)
  * quarantine
  *		events[i] was refused outbox.max_attempts times.  With the block
  *		policy, the later events of its aggregate in this page park behind
- *		it, and so will those of later pages.
+ *		it, and so will those of later pages (send_page).  The blocked list
+ *		learns of it whatever the policy, so that it stays true if the
+ *		policy changes; a replay page's quarantines are learnt by reloading
+ *		the list.
  */
 static void
 quarantine(OutboxEvent *events, int n, int i, bool replay)
@@ -566,6 +568,8 @@ quarantine(OutboxEvent *events, int n, int i, bool replay)
 					   head->aggregate_id, head->topic),
 			 errhint("outbox.replay('%s') publishes it again; outbox.discard('%s') drops it.",
 					 head->event_id, head->event_id)));
+	if (!replay && find_blocked(head) == NULL)
+		block_aggregate(head);
 	if (outbox_poison_policy != OUTBOX_POISON_BLOCK)
 		return;
 	for (j = i + 1; j < n; j++)
@@ -575,8 +579,6 @@ quarantine(OutboxEvent *events, int n, int i, bool replay)
 			events[j].disposition = OUTBOX_EVENT_PARKED;
 			events[j].blocked_by = head->event_id;
 		}
-	if (!replay && find_blocked(head) == NULL)
-		block_aggregate(head);
 }
 
 /* librdkafka refused the event at once, without a delivery report */
@@ -851,24 +853,36 @@ read_page(RelayPage *pg)
 
 /*
  * send_page
- *		Park the events of blocked aggregates, then send the first round of
- *		the rest.  Decided now rather than when read: a page settled since
- *		may have quarantined an aggregate.
+ *		With outbox.poison_policy = 'block', park the events of blocked
+ *		aggregates; then send the first round of the rest.  Decided now
+ *		rather than when read, and against a blocked list reloaded if a
+ *		replay, discard or replay page made it stale since: the page read
+ *		ahead was read before those.  Whether a parked event stays parked
+ *		is decided again when it is recorded (OutboxStoreRecordDeadLetters),
+ *		as a replay() or discard() may commit while the page is in flight.
  */
 static void
 send_page(RelayPage *pg)
 {
 	int			i;
 
-	for (i = 0; i < pg->n; i++)
+	if (outbox_poison_policy == OUTBOX_POISON_BLOCK)
 	{
-		OutboxBlocked *b = find_blocked(&pg->events[i]);
-
-		if (b != NULL)
+		if (blocked_stale)
 		{
-			pg->events[i].disposition = OUTBOX_EVENT_PARKED;
-			pg->events[i].blocked_by = b->head;
-			pg->events[i].requeue = b->replaying;
+			begin_txn("reading dead letters");
+			reload_blocked();
+			end_txn();
+		}
+		for (i = 0; i < pg->n; i++)
+		{
+			OutboxBlocked *b = find_blocked(&pg->events[i]);
+
+			if (b != NULL)
+			{
+				pg->events[i].disposition = OUTBOX_EVENT_PARKED;
+				pg->events[i].blocked_by = b->head;
+			}
 		}
 	}
 	pg->sent = send_round(pg->events, pg->n, &pg->retried);
@@ -878,7 +892,9 @@ send_page(RelayPage *pg)
 /*
  * record_page
  *		A settled page: record its quarantined and parked events and the
- *		relay's progress, in one transaction.
+ *		relay's progress, in one transaction.  Parked events whose head was
+ *		replayed or discarded meanwhile join the replay queue, which is
+ *		published before the next page.
  */
 static void
 record_page(RelayPage *pg)
@@ -893,14 +909,11 @@ record_page(RelayPage *pg)
 			delivered++;
 		else
 			has_dead = true;
-		/* parked behind a head under replay: it joins the replay queue */
-		if (pg->events[i].requeue)
-			replays_due = true;
 	}
 
 	begin_txn("recording progress");
-	if (has_dead)
-		OutboxStoreRecordDeadLetters(pg->events, pg->n);
+	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+		replays_due = true;
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
 	end_txn();
 	OutboxSlotCountPage(relay_slot);
@@ -975,6 +988,7 @@ publish_replays(void)
 		if (result != PAGE_SETTLED)
 			return result;
 
+		/* parked events it releases are read in the next round */
 		begin_txn("recording replays");
 		OutboxStoreFinishReplays(events, n);
 		end_txn();
@@ -1221,7 +1235,13 @@ OutboxRelayMain(Datum main_arg)
 			set_state(OUTBOX_RELAY_IDLE);
 			drain_producer_errors();
 			idle_cleanup();
-			(void) idle_wait();
+
+			/*
+			 * Replays queued by a transaction that woke nobody (a prepared
+			 * one) are found at the safety poll.
+			 */
+			if (!idle_wait())
+				replays_due = true;
 		}
 		/* after a settled page the batch may have more: go on at once */
 	}

@@ -17,6 +17,11 @@
  *	  event, by outbox.batch_max_bytes of payload, keys and headers; rows
  *	  come through a cursor a chunk at a time, so neither SPI nor the page
  *	  ever holds more than that.
+ *	- An event is recorded as parked only if its head's dead letter, read
+ *	  and locked in the recording transaction, still holds it back
+ *	  (quarantined or parked); otherwise it joins the replay queue.  So a
+ *	  replay() or discard() of the head, however it races with the relay,
+ *	  leaves no event parked behind a head that is gone.
  *
  *-------------------------------------------------------------------------
  */
@@ -754,17 +759,68 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 }
 
 /*
+ * head_holds
+ *		Whether the head an event was parked behind still holds it back:
+ *		its dead letter is quarantined (or parked itself).  Answered from the
+ *		database, not from the relay's blocked list, which may predate a
+ *		replay() or discard() that committed while the page was in flight.
+ *		The head's row stays locked until the caller's transaction ends, so
+ *		a replay() or discard() of it either committed before (and is seen
+ *		here) or waits for this transaction, and then finds the parked row.
+ *		A head without a dead letter holds nothing back.
+ */
+static bool
+head_holds(const char *head)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum		values[1];
+	bool		isnull;
+	char	   *state;
+	bool		holds;
+
+	if (plan == NULL)
+	{
+		Oid			types[1] = {TEXTOID};
+
+		plan = SPI_prepare("SELECT d.state FROM outbox.dead_letters d"
+						   " WHERE d.event_id OPERATOR(pg_catalog.=) $1::uuid FOR SHARE",
+						   1, types);
+		if (plan == NULL)
+			elog(ERROR, "could not prepare head lookup: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+	}
+	values[0] = CStringGetTextDatum(head);
+	if (SPI_execute_plan(plan, values, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up dead letter %s", head);
+	if (SPI_processed == 0)
+		return false;
+	state = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+	holds = strcmp(state, "quarantined") == 0 || strcmp(state, "parked") == 0;
+	pfree(state);
+	return holds;
+}
+
+/*
  * OutboxStoreRecordDeadLetters
  *		Record the quarantined and parked events of a page (with a copy of
- *		each envelope); parked events whose head is being replayed join the
- *		replay queue.  Runs in the transaction that saves the page.
+ *		each envelope).  A parked event whose head no longer holds it back
+ *		(replayed, discarded, or queued for replay since the page was sent;
+ *		see head_holds) joins the replay queue instead, behind its head.
+ *		Runs in the transaction that saves the page.  Events come in id
+ *		order, so a head quarantined in the same page is recorded before
+ *		what parks behind it.  Returns how many were queued.
  */
-void
+int
 OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 {
 	static SPIPlanPtr insert_plan = NULL;
 	static SPIPlanPtr queue_plan = NULL;
 	int			i;
+	int			queued = 0;
+	const char *last_head = NULL;	/* the head last asked about */
+	bool		last_holds = false;
 
 	SPI_connect();
 	if (insert_plan == NULL)
@@ -812,11 +868,21 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 		const char *state;
 		const char *cls = ev->last_class == OUTBOX_ERROR_NONE ? NULL :
 			OutboxErrorClassName(ev->last_class);
+		bool		requeue = false;
 
 		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
 			state = "quarantined";
 		else if (ev->disposition == OUTBOX_EVENT_PARKED)
-			state = ev->requeue ? "replaying" : "parked";
+		{
+			if (ev->blocked_by != NULL &&
+				(last_head == NULL || strcmp(last_head, ev->blocked_by) != 0))
+			{
+				last_head = ev->blocked_by;
+				last_holds = head_holds(last_head);
+			}
+			requeue = ev->blocked_by == NULL || !last_holds;
+			state = requeue ? "replaying" : "parked";
+		}
 		else
 			continue;
 
@@ -839,13 +905,15 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 
 		if (SPI_execute_plan(insert_plan, values, nulls, false, 0) != SPI_OK_INSERT)
 			elog(ERROR, "could not record dead letter for event %s", ev->event_id);
-		if (ev->requeue)
+		if (requeue)
 		{
 			if (SPI_execute_plan(queue_plan, values, NULL, false, 0) != SPI_OK_INSERT)
 				elog(ERROR, "could not queue parked event %s", ev->event_id);
+			queued++;
 		}
 	}
 	SPI_finish();
+	return queued;
 }
 
 /*
@@ -863,8 +931,7 @@ OutboxStoreLoadBlocked(MemoryContext cxt)
 	SPI_connect();
 	rc = SPI_execute("SELECT DISTINCT ON (aggregate_type, aggregate_id)"
 					 " aggregate_type, aggregate_id,"
-					 " COALESCE(blocked_by, event_id)::text,"
-					 " state OPERATOR(pg_catalog.=) 'replaying'"
+					 " COALESCE(blocked_by, event_id)::text"
 					 " FROM outbox.dead_letters"
 					 " WHERE state IN ('quarantined', 'parked', 'replaying')"
 					 " ORDER BY aggregate_type, aggregate_id, event_pk",
@@ -877,12 +944,10 @@ OutboxStoreLoadBlocked(MemoryContext cxt)
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 		OutboxBlocked *b = palloc(sizeof(OutboxBlocked));
-		bool		isnull;
 
 		b->aggregate_type = getstr(tup, desc, 1, cxt);
 		b->aggregate_id = getstr(tup, desc, 2, cxt);
 		b->head = getstr(tup, desc, 3, cxt);
-		b->replaying = DatumGetBool(SPI_getbinval(tup, desc, 4, &isnull));
 		result = lappend(result, b);
 		MemoryContextSwitchTo(old);
 	}
@@ -922,11 +987,42 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 }
 
 /*
+ * release_parked
+ *		Queue for replay, in id order, every parked event whose head no
+ *		longer holds it back (replayed, discarded, queued, or gone): such an
+ *		event would otherwise wait for a replay() or discard() that already
+ *		happened.  outbox.replay() and outbox.discard() do the same.
+ */
+static void
+release_parked(void)
+{
+	int			rc;
+
+	SPI_connect();
+	rc = SPI_execute("WITH released AS (UPDATE outbox.dead_letters d SET state = 'replaying'"
+					 " WHERE d.state OPERATOR(pg_catalog.=) 'parked'"
+					 " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters h"
+					 "  WHERE h.event_id OPERATOR(pg_catalog.=) d.blocked_by"
+					 "  AND h.state IN ('quarantined', 'parked'))"
+					 " RETURNING d.event_pk)"
+					 " INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
+					 " SELECT r.event_pk, true FROM released r ORDER BY r.event_pk",
+					 false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "could not release parked events: %s", SPI_result_code_string(rc));
+	SPI_finish();
+}
+
+/*
  * OutboxStoreFinishReplays
  *		A replay page is settled: delivered events leave the queue (dead
- *		letters among them are resolved); an event refused again is
- *		quarantined again, and its aggregate's queued successors go back to
- *		waiting behind it.
+ *		letters among them are resolved).  An event refused again is
+ *		quarantined again and, with outbox.poison_policy = 'block', every
+ *		event of its aggregate queued behind it (released dead letters and
+ *		replay(since, until) rows alike, including those parked in this
+ *		page) leaves the queue and is parked behind it, so that nothing of
+ *		the aggregate overtakes it.  Last, parked events whose head no
+ *		longer holds them back join the queue (release_parked).
  */
 void
 OutboxStoreFinishReplays(OutboxEvent *events, int n)
@@ -956,19 +1052,27 @@ OutboxStoreFinishReplays(OutboxEvent *events, int n)
 		}
 		else if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
 		{
-			values[2] = CStringGetTextDatum(ev->event_id);
-			/* its queued successors wait behind it again */
-			rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue q USING outbox.events e"
-									   " WHERE e.id OPERATOR(pg_catalog.=) q.event_pk AND q.dead_letter"
-									   " AND q.position OPERATOR(pg_catalog.>) $1"
-									   " AND (e.aggregate_type, e.aggregate_id) = (SELECT aggregate_type, aggregate_id"
-									   "  FROM outbox.events WHERE id OPERATOR(pg_catalog.=) $2)"
-									   " RETURNING q.event_pk)"
-									   " UPDATE outbox.dead_letters d SET state = 'parked', blocked_by = $3::uuid"
-									   " FROM gone WHERE d.event_pk OPERATOR(pg_catalog.=) gone.event_pk",
-									   3, types, values, NULL, false, 0);
-			if (rc != SPI_OK_UPDATE)
-				elog(ERROR, "could not park behind a replay: %s", SPI_result_code_string(rc));
+			if (outbox_poison_policy == OUTBOX_POISON_BLOCK)
+			{
+				values[2] = CStringGetTextDatum(ev->event_id);
+				rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue q USING outbox.events e"
+										   " WHERE e.id OPERATOR(pg_catalog.=) q.event_pk"
+										   " AND q.position OPERATOR(pg_catalog.>) $1"
+										   " AND (e.aggregate_type, e.aggregate_id) OPERATOR(pg_catalog.=)"
+										   " (SELECT aggregate_type, aggregate_id"
+										   "  FROM outbox.events WHERE id OPERATOR(pg_catalog.=) $2)"
+										   " RETURNING q.event_pk)"
+										   " INSERT INTO outbox.dead_letters AS d (event_id, event_pk, aggregate_type,"
+										   " aggregate_id, seq, event_type, topic, state, blocked_by, envelope)"
+										   " SELECT e.event_id, e.id, e.aggregate_type, e.aggregate_id, e.seq,"
+										   " e.event_type, e.topic, 'parked', $3::uuid, pg_catalog.to_jsonb(e)"
+										   " FROM gone JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) gone.event_pk"
+										   " ON CONFLICT (event_id) DO UPDATE SET state = 'parked',"
+										   " blocked_by = excluded.blocked_by, resolved_at = NULL",
+										   3, types, values, NULL, false, 0);
+				if (rc != SPI_OK_INSERT)
+					elog(ERROR, "could not park behind a replay: %s", SPI_result_code_string(rc));
+			}
 			rc = SPI_execute_with_args("DELETE FROM outbox.replay_queue WHERE position OPERATOR(pg_catalog.=) $1",
 									   1, types, values, NULL, false, 0);
 			if (rc != SPI_OK_DELETE)
@@ -976,8 +1080,9 @@ OutboxStoreFinishReplays(OutboxEvent *events, int n)
 		}
 	}
 	SPI_finish();
-	/* the quarantined ones are (re)recorded the usual way */
-	OutboxStoreRecordDeadLetters(events, n);
+	/* the quarantined and parked ones are (re)recorded the usual way */
+	(void) OutboxStoreRecordDeadLetters(events, n);
+	release_parked();
 }
 
 /*
