@@ -1,4 +1,4 @@
-# test/t/107_parked_races.pl: events parked behind a quarantined head are
+# test/t/111_parked_races.pl: events parked behind a quarantined head are
 # never stranded, whatever commits while a page is in flight.  A slow
 # broker (rtt) holds a page in flight while replay() or discard() of the
 # head commits: the parked successors in that page, or in the page read
