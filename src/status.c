@@ -41,6 +41,7 @@ typedef struct StatusSnapshot
 	uint64		window_latency[OUTBOX_LAT_NBUCKETS];
 	int64		quarantined;
 	int64		parked;
+	int64		queued;			/* in the replay queue: waiting too */
 	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
 
@@ -62,7 +63,8 @@ count_dead_letters(StatusSnapshot *snap)
 
 	SPI_connect();
 	if (SPI_execute("SELECT pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'quarantined'),"
-					" pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.<>) 'quarantined')"
+					" pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.<>) 'quarantined'),"
+					" (SELECT pg_catalog.count(*) FROM outbox.replay_queue)"
 					" FROM outbox.dead_letters WHERE state OPERATOR(pg_catalog.=) ANY ('{quarantined,parked,replaying}'::pg_catalog.text[])",
 					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not count dead letters");
@@ -70,6 +72,8 @@ count_dead_letters(StatusSnapshot *snap)
 													SPI_tuptable->tupdesc, 1, &isnull));
 	snap->parked = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 2, &isnull));
+	snap->queued = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 3, &isnull));
 	SPI_finish();
 }
 
@@ -190,6 +194,7 @@ take_snapshot(StatusSnapshot *snap)
 			snap->window_latency[b] += win->latency[b];
 	}
 	count_dead_letters(snap);
+	snap->backlog += snap->queued;
 }
 
 /*

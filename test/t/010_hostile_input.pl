@@ -1,4 +1,4 @@
-# test/t/009_hostile_input.pl: what emit() accepts, the relay can send.
+# test/t/010_hostile_input.pl: what emit() accepts, the relay can send.
 # emit() counts an event's size as librdkafka does against the producer's
 # message.max.bytes (from outbox.kafka_config): an event exactly at the
 # limit is delivered, one byte more is refused by emit(), and the same

@@ -1,4 +1,4 @@
-# test/t/009_hold_privileges.pl: the commands that need a database to
+# test/t/011_hold_privileges.pl: the commands that need a database to
 # themselves (DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE,
 # CREATE DATABASE ... TEMPLATE) stop its relay only when they will proceed.  A login role
 # that may not run them, or a command inside a transaction block, leaves
