@@ -70,8 +70,8 @@ RETURNING event_id});
 ok( poll_until(
 		$node, 'postgres',
 		"SELECT last_error FROM outbox.dead_letters WHERE event_id = '$over'",
-		'MSG_SIZE_TOO_LARGE', 30),
-	'librdkafka itself refuses that event (MSG_SIZE_TOO_LARGE): the limits agree');
+		'MSG_SIZE_TOO_LARGE: refused by the client: message larger than message.max.bytes', 30),
+	'librdkafka itself refuses that event (MSG_SIZE_TOO_LARGE, before sending): the limits agree');
 
 my $msgs = wait_for_events($kafka, 'sized', [$at_limit]);
 my ($m) = grep { ($_->{headers}{id} // '') eq $at_limit } @$msgs;
