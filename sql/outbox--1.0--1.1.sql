@@ -3,6 +3,34 @@
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.1'" to load this file. \quit
 
 /*
+ * 1.0 adopted whatever schema "outbox" existed.  The SECURITY DEFINER
+ * functions resolve their tables there: a schema that a non-superuser owns
+ * (who can rename it and put another in its place) or where one may create
+ * objects must be fixed before 1.1 is installed over it.
+ */
+DO $$
+BEGIN
+	IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_namespace n
+			  JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+			 WHERE n.nspname OPERATOR(pg_catalog.=) 'outbox') THEN
+		RAISE EXCEPTION 'schema "outbox" is not owned by a superuser'
+			USING ERRCODE = 'insufficient_privilege',
+				  HINT = 'ALTER SCHEMA outbox OWNER TO a superuser, then update the extension.';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n,
+				   pg_catalog.aclexplode(n.nspacl) a
+				   LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+			    WHERE n.nspname OPERATOR(pg_catalog.=) 'outbox'
+				  AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+				  AND NOT coalesce(r.rolsuper, false)) THEN
+		RAISE EXCEPTION 'a role that is not a superuser may create objects in schema "outbox"'
+			USING ERRCODE = 'insufficient_privilege',
+				  HINT = 'REVOKE CREATE ON SCHEMA outbox FROM those roles, then update the extension.';
+	END IF;
+END
+$$;
+
+/*
  * SECURITY DEFINER functions run with a pinned search_path: under the
  * caller's path, an operator or function the caller created could run with
  * the extension owner's rights.
@@ -14,25 +42,44 @@ ALTER FUNCTION outbox.metrics() SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION outbox.health(interval) SET search_path = pg_catalog, pg_temp;
 
 /*
- * Dump and restore: progress rows name the cluster and database whose
- * transaction ids their snapshots speak of, and a restored row is kept
- * beside the own one for the relay to adopt.
+ * Dump and restore.  Events keep the transaction id of the cluster that
+ * wrote them, which means nothing, or something else, where they are
+ * restored.  A row that arrives with a txid other than its inserting
+ * transaction's (COPY from a dump; emit() always writes its own) is
+ * re-stamped as committed long ago (FirstNormalTransactionId, visible in
+ * every snapshot), so no batch takes it, and its original txid is kept
+ * here.  The restored progress row is kept beside the own one under
+ * another name.  Once both are in, the relay judges each restored event
+ * against the restored progress and re-stamps the ones it had not
+ * delivered with the current transaction's id, which publishes them.
  */
-ALTER TABLE outbox.relay_progress
-	ADD COLUMN system_identifier bigint,
-	ADD COLUMN database_oid oid,
-	ADD COLUMN floor_id bigint NOT NULL DEFAULT 0,
-	ADD COLUMN floor_xmax pg_catalog.xid8 NOT NULL DEFAULT '0';
-COMMENT ON COLUMN outbox.relay_progress.system_identifier IS
-	'cluster whose transaction ids the snapshots speak of (pg_control_system()); with database_oid, tells a restored or copied row from this database''s own';
-COMMENT ON COLUMN outbox.relay_progress.floor_id IS
-	'events with id <= floor_id and txid >= floor_xmax came from another cluster and were queued for replay when the relay adopted them';
+CREATE TABLE outbox.restored_events (
+	id				bigint PRIMARY KEY,
+	txid			pg_catalog.xid8 NOT NULL
+);
+REVOKE ALL ON outbox.restored_events FROM PUBLIC;
+COMMENT ON TABLE outbox.restored_events IS
+	'Events a restore brought in, with their original txid, until the relay has published those not delivered before the dump';
 
-UPDATE outbox.relay_progress p
-   SET system_identifier = c.system_identifier, database_oid = d.oid
-  FROM pg_catalog.pg_control_system() c, pg_catalog.pg_database d
- WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
-   AND p.relay OPERATOR(pg_catalog.=) 'default' AND p.system_identifier IS NULL;
+CREATE FUNCTION outbox.event_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	INSERT INTO outbox.restored_events (id, txid) VALUES (NEW.id, NEW.txid)
+		ON CONFLICT (id) DO NOTHING;
+	NEW.txid := '3';
+	PERFORM outbox.notify_relay();
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION outbox.event_restored() IS
+	'Trigger: an event row inserted with a txid not its transaction''s (a restore) is kept out of the batches until the relay has judged it';
+REVOKE ALL ON FUNCTION outbox.event_restored() FROM PUBLIC;
+CREATE TRIGGER event_restored BEFORE INSERT ON outbox.events
+	FOR EACH ROW WHEN (NEW.txid OPERATOR(pg_catalog.<>) pg_catalog.pg_current_xact_id())
+	EXECUTE FUNCTION outbox.event_restored();
 
 CREATE FUNCTION outbox.progress_restored()
 RETURNS trigger
@@ -48,45 +95,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION outbox.progress_restored() IS
-	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay to adopt it';
+	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay';
 REVOKE ALL ON FUNCTION outbox.progress_restored() FROM PUBLIC;
 CREATE TRIGGER progress_restored BEFORE INSERT ON outbox.relay_progress
 	FOR EACH ROW EXECUTE FUNCTION outbox.progress_restored();
 
-/* replay(since, until) and cleanup(): events below the floor count as delivered */
-CREATE OR REPLACE FUNCTION outbox.replay(since timestamptz, until timestamptz,
-							  aggregate_type text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	queued	bigint;
-BEGIN
-	IF since IS NULL OR until IS NULL THEN
-		RAISE EXCEPTION 'since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF since >= until THEN
-		RAISE EXCEPTION 'since must be earlier than until'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	INSERT INTO outbox.replay_queue (event_pk, dead_letter)
-	SELECT e.id, false
-	  FROM outbox.events e, outbox.relay_progress p
-	 WHERE p.relay = 'default'
-	   AND e.created_at >= since AND e.created_at < until
-	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
-	   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
-	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
-					    WHERE d.event_id = e.event_id AND d.state IN ('quarantined', 'parked', 'replaying', 'discarded'))
-	 ORDER BY e.id;
-	GET DIAGNOSTICS queued = ROW_COUNT;
-	PERFORM outbox.notify_relay();
-	RETURN queued;
-END
-$$;
-
+/* cleanup(): never an event a restore brought in that the relay has not judged yet */
 CREATE OR REPLACE FUNCTION outbox.cleanup(dry_run boolean DEFAULT true, max_events integer DEFAULT 10000)
 RETURNS TABLE (events bigint, oldest timestamptz, newest timestamptz, deleted boolean)
 LANGUAGE plpgsql
@@ -108,11 +122,11 @@ BEGIN
 		SELECT count(*), min(e.created_at), max(e.created_at), false
 		  FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
-		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id);
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id = e.id);
 		RETURN;
 	END IF;
 
@@ -120,11 +134,11 @@ BEGIN
 	WITH doomed AS (
 		SELECT e.id FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id = e.id)
 		 ORDER BY e.id LIMIT max_events
 	), gone AS (
 		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id
@@ -238,6 +252,3 @@ BEGIN
 	PERFORM outbox.notify_relay();
 END
 $$;
-
-/* have the relay look at its progress row again: it now names this database */
-SELECT outbox.notify_relay();

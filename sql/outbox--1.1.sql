@@ -22,6 +22,14 @@ BEGIN
 			USING ERRCODE = 'insufficient_privilege',
 				  HINT = 'Drop or rename that schema, then run CREATE EXTENSION outbox again.';
 	END IF;
+	IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n,
+				   pg_catalog.aclexplode(n.nspacl) a
+				   LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+			    WHERE n.oid OPERATOR(pg_catalog.=) nsp AND NOT coalesce(r.rolsuper, false)) THEN
+		RAISE EXCEPTION 'schema "outbox" already exists and grants privileges to a role that is not a superuser'
+			USING ERRCODE = 'insufficient_privilege',
+				  HINT = 'Drop or rename that schema, then run CREATE EXTENSION outbox again.';
+	END IF;
 	IF EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
 				WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
 				  AND d.refobjid OPERATOR(pg_catalog.=) nsp
@@ -34,7 +42,8 @@ END
 $$;
 
 /*
- * The log.  Rows are never updated; delivery state lives in
+ * The log.  Rows are never updated (but for the txid of restored rows,
+ * once, see outbox.event_restored()); delivery state lives in
  * outbox.relay_progress.  Every index is paid by every emit: id (paging),
  * event_id (identity), txid (the relay's snapshot batches).
  */
@@ -89,35 +98,70 @@ CREATE TABLE outbox.relay_progress (
 	batch_last_id	bigint,
 	published		bigint NOT NULL DEFAULT 0,
 	batches			bigint NOT NULL DEFAULT 0,
-	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now(),
-	system_identifier bigint,
-	database_oid	oid,
-	floor_id		bigint NOT NULL DEFAULT 0,
-	floor_xmax		pg_catalog.xid8 NOT NULL DEFAULT '0'
+	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 COMMENT ON TABLE outbox.relay_progress IS
 	'Delivery progress of each relay, written once per acknowledged page';
-COMMENT ON COLUMN outbox.relay_progress.system_identifier IS
-	'cluster whose transaction ids the snapshots speak of (pg_control_system()); with database_oid, tells a restored or copied row from this database''s own';
-COMMENT ON COLUMN outbox.relay_progress.floor_id IS
-	'events with id <= floor_id and txid >= floor_xmax came from another cluster and were queued for replay when the relay adopted them';
 
 /*
- * The relay's own row: nothing is delivered yet, and nothing committed
- * before this install can be in the log.  Its snapshot and the cluster's
- * identity make a restore recognisable: see outbox.progress_restored().
+ * The relay's own row: nothing is delivered, and nothing committed before
+ * this install can be in the log, so the install's snapshot is where the
+ * relay starts; this transaction's own id is added to its in-progress list,
+ * since events emitted in it are still to be published.  (A NULL snapshot
+ * would take every event visible at the first batch, which would include a
+ * restore's; see outbox.event_restored().)
  */
-INSERT INTO outbox.relay_progress (relay, prev_snapshot, system_identifier, database_oid)
-SELECT 'default', pg_catalog.pg_current_snapshot(), c.system_identifier, d.oid
-  FROM pg_catalog.pg_control_system() c, pg_catalog.pg_database d
- WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+INSERT INTO outbox.relay_progress (relay, prev_snapshot)
+SELECT 'default',
+	   (least(pg_catalog.pg_snapshot_xmin(c.s)::text::numeric, c.x)::text || ':'
+		|| greatest(pg_catalog.pg_snapshot_xmax(c.s)::text::numeric,
+							   c.x OPERATOR(pg_catalog.+) 1)::text || ':'
+		|| coalesce((SELECT pg_catalog.string_agg(u.v::text, ',' ORDER BY u.v)
+					   FROM (SELECT pg_catalog.pg_snapshot_xip(c.s)::text::numeric AS v
+							 UNION SELECT c.x) u), '')
+	   )::pg_catalog.pg_snapshot
+  FROM (SELECT pg_catalog.pg_current_snapshot() AS s,
+			   pg_catalog.pg_current_xact_id()::text::numeric AS x) c;
 
 /*
- * pg_restore and pg_dump | psql create the extension (which writes the row
- * above) and then copy the dumped progress row in: keep it beside the own
- * row, under another name, and wake the relay, which queues the events it
- * had not delivered and drops the row (see the README, "Dump and restore").
+ * Dump and restore.  Events keep the transaction id of the cluster that
+ * wrote them, which means nothing, or something else, where they are
+ * restored.  A row that arrives with a txid other than its inserting
+ * transaction's (COPY from a dump; emit() always writes its own) is
+ * re-stamped as committed long ago (FirstNormalTransactionId, visible in
+ * every snapshot), so no batch takes it, and its original txid is kept
+ * here.  The restored progress row is kept beside the own one under
+ * another name.  Once both are in, the relay judges each restored event
+ * against the restored progress and re-stamps the ones it had not
+ * delivered with the current transaction's id, which publishes them.
  */
+CREATE TABLE outbox.restored_events (
+	id				bigint PRIMARY KEY,
+	txid			pg_catalog.xid8 NOT NULL
+);
+COMMENT ON TABLE outbox.restored_events IS
+	'Events a restore brought in, with their original txid, until the relay has published those not delivered before the dump';
+
+CREATE FUNCTION outbox.event_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	INSERT INTO outbox.restored_events (id, txid) VALUES (NEW.id, NEW.txid)
+		ON CONFLICT (id) DO NOTHING;
+	NEW.txid := '3';
+	PERFORM outbox.notify_relay();
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION outbox.event_restored() IS
+	'Trigger: an event row inserted with a txid not its transaction''s (a restore) is kept out of the batches until the relay has judged it';
+REVOKE ALL ON FUNCTION outbox.event_restored() FROM PUBLIC;
+CREATE TRIGGER event_restored BEFORE INSERT ON outbox.events
+	FOR EACH ROW WHEN (NEW.txid OPERATOR(pg_catalog.<>) pg_catalog.pg_current_xact_id())
+	EXECUTE FUNCTION outbox.event_restored();
+
 CREATE FUNCTION outbox.progress_restored()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -132,7 +176,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION outbox.progress_restored() IS
-	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay to adopt it';
+	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay';
 REVOKE ALL ON FUNCTION outbox.progress_restored() FROM PUBLIC;
 CREATE TRIGGER progress_restored BEFORE INSERT ON outbox.relay_progress
 	FOR EACH ROW EXECUTE FUNCTION outbox.progress_restored();
@@ -473,8 +517,7 @@ BEGIN
 	 WHERE p.relay = 'default'
 	   AND e.created_at >= since AND e.created_at < until
 	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
-	   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+	   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
 	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 					    WHERE d.event_id = e.event_id AND d.state IN ('quarantined', 'parked', 'replaying', 'discarded'))
 	 ORDER BY e.id;
@@ -511,11 +554,11 @@ BEGIN
 		SELECT count(*), min(e.created_at), max(e.created_at), false
 		  FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
-		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id);
+		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id = e.id);
 		RETURN;
 	END IF;
 
@@ -523,11 +566,11 @@ BEGIN
 	WITH doomed AS (
 		SELECT e.id FROM outbox.events e, outbox.relay_progress p
 		 WHERE p.relay = 'default' AND e.created_at < cutoff
-		   AND (pg_visible_in_snapshot(e.txid, p.prev_snapshot)
-				OR (e.id <= p.floor_id AND e.txid >= p.floor_xmax))
+		   AND pg_visible_in_snapshot(e.txid, p.prev_snapshot)
 		   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 						    WHERE d.event_pk = e.id AND d.state IN ('quarantined', 'parked', 'replaying'))
 		   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk = e.id)
+		   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id = e.id)
 		 ORDER BY e.id LIMIT max_events
 	), gone AS (
 		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id

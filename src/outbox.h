@@ -337,13 +337,11 @@ typedef struct OutboxBatch
 	int64		last_id;
 	int64		max_id;
 	int64		remaining;
-	int64		floor_id;		/* events of another cluster: see store.c */
-	uint64		floor_xmax;
 } OutboxBatch;
 
 extern bool OutboxStoreExtensionPresent(void);
-extern int64 OutboxStoreLoadProgress(OutboxBatch *batch, bool resume,
-									 MemoryContext cxt);
+extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
+extern int64 OutboxStoreAdoptRestored(bool force);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								OutboxEvent **events, MemoryContext cxt,

@@ -124,6 +124,10 @@ static MemoryContext blocked_cxt = NULL;
 static bool blocked_stale = true;
 static bool replays_due = true;
 
+/* restored events wait for their progress row since (0: none wait) */
+#define RELAY_RESTORE_WAIT_MS		60000
+static TimestampTz restore_waiting_since = 0;
+
 static TimestampTz next_cleanup = 0;
 
 static void
@@ -1004,20 +1008,39 @@ publish_replays(void)
 }
 
 /*
- * report_adoption
- *		Log that progress a restore or a copy brought in was adopted, and
- *		have its undelivered events published.
+ * adopt_restored
+ *		Publish what a restore brought in and had not delivered, once its
+ *		events and its progress row are both in (OutboxStoreAdoptRestored).
+ *		Restored events whose progress row has not come after
+ *		RELAY_RESTORE_WAIT_MS (a dump taken without it) are all published:
+ *		their delivery is unknown, so at least once wins.
  */
 static void
-report_adoption(int64 queued)
+adopt_restored(void)
 {
-	replays_due = true;
-	ereport(LOG,
-			(errmsg("outbox relay for database \"%s\" adopted restored or copied progress",
-					relay_dbname),
-			 errdetail("%lld events it had not delivered were queued for publishing; "
-					   "the events it had delivered are not sent again.",
-					   (long long) queued)));
+	TimestampTz now = GetCurrentTimestamp();
+	bool		force;
+	int64		published;
+
+	force = restore_waiting_since != 0 &&
+		TimestampDifferenceExceeds(restore_waiting_since, now, RELAY_RESTORE_WAIT_MS);
+	begin_txn("adopting restored events");
+	published = OutboxStoreAdoptRestored(force);
+	end_txn();
+	if (published == -2)
+	{
+		if (restore_waiting_since == 0)
+			restore_waiting_since = now;
+		return;
+	}
+	restore_waiting_since = 0;
+	if (published >= 0)
+		ereport(LOG,
+				(errmsg("outbox relay for database \"%s\" adopted restored events",
+						relay_dbname),
+				 errdetail("%lld events not delivered before the dump will be published; "
+						   "the events delivered before it are not sent again.",
+						   (long long) published)));
 }
 
 /*
@@ -1095,7 +1118,6 @@ void
 OutboxRelayMain(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
-	int64		adopted;
 	int			other_pid;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -1164,10 +1186,9 @@ OutboxRelayMain(Datum main_arg)
 	relay_dbname = MemoryContextStrdup(relay_cxt, get_database_name(dboid));
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension();
-	adopted = OutboxStoreLoadProgress(&batch, false, relay_cxt);
+	OutboxStoreLoadProgress(&batch, relay_cxt);
 	end_txn();
-	if (adopted >= 0)
-		report_adoption(adopted);
+	adopt_restored();
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", relay_dbname),
@@ -1214,12 +1235,8 @@ OutboxRelayMain(Datum main_arg)
 		{
 			replays_due = true;
 			blocked_stale = true;
-			/* a restore's progress row wakes the relay the same way */
-			begin_txn("looking for restored progress");
-			adopted = OutboxStoreLoadProgress(&batch, true, relay_cxt);
-			end_txn();
-			if (adopted >= 0)
-				report_adoption(adopted);
+			/* a restore's rows wake the relay the same way */
+			adopt_restored();
 		}
 		if (replays_due)
 		{
@@ -1230,6 +1247,8 @@ OutboxRelayMain(Datum main_arg)
 		}
 
 		result = publish_page();
+		if (result == PAGE_EMPTY && restore_waiting_since != 0)
+			adopt_restored();
 		if (result == PAGE_EMPTY)
 		{
 			set_state(OUTBOX_RELAY_IDLE);

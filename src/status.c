@@ -41,7 +41,7 @@ typedef struct StatusSnapshot
 	uint64		window_latency[OUTBOX_LAT_NBUCKETS];
 	int64		quarantined;
 	int64		parked;
-	int64		queued;			/* in the replay queue: waiting too */
+	int64		queued;			/* replay queue and unjudged restored events */
 	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
 
@@ -74,6 +74,14 @@ count_dead_letters(StatusSnapshot *snap)
 											   SPI_tuptable->tupdesc, 2, &isnull));
 	snap->queued = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 3, &isnull));
+	/* restored events the relay has not judged yet (none before 1.1) */
+	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.restored_events') IS NOT NULL",
+					true, 1) == SPI_OK_SELECT && SPI_processed == 1 &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) &&
+		SPI_execute("SELECT pg_catalog.count(*) FROM outbox.restored_events",
+					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
+		snap->queued += DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_finish();
 }
 

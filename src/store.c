@@ -27,13 +27,11 @@
  */
 #include "postgres.h"
 
-#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
-#include "utils/xid8.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -44,18 +42,10 @@
 
 #include "outbox.h"
 
-/*
- * $2: cur, $3: prev; before the first batch (no prev) it is all of cur.
- * $6, $7: the floor.  Events from another cluster (a restore) carry
- * transaction ids of that cluster's; the relay queued those it had not
- * delivered when it adopted them, and the batches never take them: they
- * have ids up to floor_id and txids at or above floor_xmax, while every
- * event of this cluster's with such an id has a txid below it.
- */
+/* $2: cur, $3: prev; before the first batch (no prev) it is all of cur */
 #define BATCH_OF(prev) \
 	" pg_catalog.pg_visible_in_snapshot(e.txid, $2)" \
-	" AND (" prev ")" \
-	" AND NOT (e.id OPERATOR(pg_catalog.<=) $6 AND e.txid OPERATOR(pg_catalog.>=) $7)"
+	" AND (" prev ")"
 
 #define AFTER_PREV \
 	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3)" \
@@ -109,7 +99,7 @@ static const char *const query_text[Q_COUNT] = {
 	PAGE_SQL(AFTER_PREV),
 };
 
-#define QUERY_NARGS 7
+#define QUERY_NARGS 5
 
 static SPIPlanPtr plans[Q_COUNT];
 
@@ -119,7 +109,7 @@ get_plan(int q)
 	if (plans[q] == NULL)
 	{
 		Oid			types[QUERY_NARGS] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID,
-		INT8OID, INT4OID, INT8OID, XID8OID};
+		INT8OID, INT4OID};
 		SPIPlanPtr	plan = SPI_prepare(query_text[q], QUERY_NARGS, types);
 
 		if (plan == NULL)
@@ -164,10 +154,6 @@ set_args(Datum *values, char *nulls, const OutboxBatch *batch, int64 after)
 	nulls[3] = 'n';
 	values[4] = (Datum) 0;
 	nulls[4] = 'n';
-	values[5] = Int64GetDatum(batch->floor_id);
-	nulls[5] = ' ';
-	values[6] = FullTransactionIdGetDatum(FullTransactionIdFromU64(batch->floor_xmax));
-	nulls[6] = ' ';
 }
 
 /*
@@ -196,113 +182,12 @@ getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
 	return s;
 }
 
-/* a progress row that is not this database's own: restored or copied */
-#define FOREIGN_ROW(p) \
-	"(" p ".relay OPERATOR(pg_catalog.<>) 'default'" \
-	" OR " p ".system_identifier OPERATOR(pg_catalog.<>) $1" \
-	" OR " p ".database_oid OPERATOR(pg_catalog.<>) $2)"
-
 /*
- * Whether event e was delivered by the relay whose progress row is f: in
- * f's delivered snapshot, in the acknowledged part of its batch, or below
- * its floor.
+ * OutboxStoreLoadProgress
+ *		Read the progress row into *batch (strings allocated in cxt).
  */
-#define DELIVERED_BY(f) \
-	"(coalesce(pg_catalog.pg_visible_in_snapshot(e.txid, " f ".prev_snapshot), false)" \
-	" OR coalesce(e.id OPERATOR(pg_catalog.<=) " f ".batch_last_id" \
-	"  AND pg_catalog.pg_visible_in_snapshot(e.txid, " f ".batch_snapshot), false)" \
-	" OR (e.id OPERATOR(pg_catalog.<=) " f ".floor_id AND e.txid OPERATOR(pg_catalog.>=) " f ".floor_xmax))"
-
-/*
- * adopt_foreign_rows
- *		Take over the progress rows a restore or a copy brought in.
- *
- * Their snapshots speak of another database's history, or of another
- * cluster's transaction ids, so no batch can use them.  What they had not
- * delivered (and is not in the dead letters or the replay queue) joins the
- * replay queue, in id order; the floor makes the batches skip every event
- * now in the log whose txid is not of this cluster's past; the own row
- * restarts from the current snapshot when it was itself copied.  Returns
- * how many events were queued, or -1 when there was nothing to adopt.
- */
-static int64
-adopt_foreign_rows(void)
-{
-	Datum		values[2];
-	Oid			types[2] = {INT8OID, OIDOID};
-	int64		queued;
-	int			rc;
-
-	values[0] = Int64GetDatum((int64) GetSystemIdentifier());
-	values[1] = ObjectIdGetDatum(MyDatabaseId);
-	rc = SPI_execute_with_args("SELECT 1 FROM outbox.relay_progress p"
-							   " WHERE " FOREIGN_ROW("p") " FOR UPDATE",
-							   2, types, values, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look for restored progress: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0)
-		return -1;
-
-	rc = SPI_execute_with_args("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
-							   " SELECT e.id, false FROM outbox.events e"
-							   " WHERE EXISTS (SELECT 1 FROM outbox.relay_progress f"
-							   "  WHERE " FOREIGN_ROW("f") " AND NOT " DELIVERED_BY("f") ")"
-							   " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d"
-							   "  WHERE d.event_pk OPERATOR(pg_catalog.=) e.id)"
-							   " AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q"
-							   "  WHERE q.event_pk OPERATOR(pg_catalog.=) e.id)"
-							   " ORDER BY e.id",
-							   2, types, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "could not queue restored events: %s", SPI_result_code_string(rc));
-	queued = (int64) SPI_processed;
-
-	rc = SPI_execute_with_args("UPDATE outbox.relay_progress p SET"
-							   " prev_snapshot = CASE WHEN " FOREIGN_ROW("p")
-							   "  THEN pg_catalog.pg_current_snapshot() ELSE p.prev_snapshot END,"
-							   " batch_snapshot = CASE WHEN " FOREIGN_ROW("p")
-							   "  THEN NULL ELSE p.batch_snapshot END,"
-							   " batch_last_id = CASE WHEN " FOREIGN_ROW("p")
-							   "  THEN NULL ELSE p.batch_last_id END,"
-							   " system_identifier = $1, database_oid = $2,"
-							   " floor_id = (SELECT coalesce(pg_catalog.max(e.id), 0)"
-							   "  FROM outbox.events e),"
-							   " floor_xmax = pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()),"
-							   " updated_at = pg_catalog.now()"
-							   " WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
-							   2, types, values, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
-		elog(ERROR, "could not adopt restored progress: %s", SPI_result_code_string(rc));
-	rc = SPI_execute("DELETE FROM outbox.relay_progress p"
-					 " WHERE p.relay OPERATOR(pg_catalog.<>) 'default'", false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "could not drop restored progress: %s", SPI_result_code_string(rc));
-	return queued;
-}
-
-/*
- * progress_knows_identity
- *		Whether outbox.relay_progress has the columns of version 1.1: until
- *		ALTER EXTENSION outbox UPDATE runs, a 1.0 database keeps working with
- *		the 1.0 progress row (ALTER EXTENSION wakes the relay to look again).
- */
-static bool
-progress_knows_identity(void)
-{
-	int			rc;
-
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_attribute a"
-					 " WHERE a.attrelid OPERATOR(pg_catalog.=) 'outbox.relay_progress'::pg_catalog.regclass"
-					 " AND a.attname OPERATOR(pg_catalog.=) 'floor_xmax' AND NOT a.attisdropped",
-					 true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not inspect relay progress: %s", SPI_result_code_string(rc));
-	return SPI_processed == 1;
-}
-
-/* The 1.0 progress row: no identity, no floor. */
-static void
-load_progress_1_0(OutboxBatch *batch, bool resume, MemoryContext cxt)
+void
+OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 {
 	int			rc;
 	HeapTuple	tup;
@@ -310,10 +195,9 @@ load_progress_1_0(OutboxBatch *batch, bool resume, MemoryContext cxt)
 	bool		isnull;
 	Datum		d;
 
-	batch->floor_id = 0;
-	batch->floor_xmax = 0;
-	if (resume)
-		return;
+	memset(batch, 0, sizeof(OutboxBatch));
+	SPI_connect();
+	/* a deleted progress row resets the relay: it re-sends what is kept */
 	rc = SPI_execute("INSERT INTO outbox.relay_progress (relay) SELECT 'default' WHERE NOT EXISTS"
 					 " (SELECT 1 FROM outbox.relay_progress p"
 					 "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')", false, 0);
@@ -330,82 +214,98 @@ load_progress_1_0(OutboxBatch *batch, bool resume, MemoryContext cxt)
 	batch->cur = getstr(tup, desc, 2, cxt);
 	d = SPI_getbinval(tup, desc, 3, &isnull);
 	batch->last_id = isnull ? 0 : DatumGetInt64(d);
+	SPI_finish();
 }
 
 /*
- * OutboxStoreLoadProgress
- *		Read the progress row into *batch (strings allocated in cxt), after
- *		adopting any progress a restore or copy brought in.  Returns how many
- *		events the adoption queued for replay, or -1 when there was none.
+ * Whether restored event e (original txid r.txid) was delivered according
+ * to restored progress row f: in its delivered snapshot, or in the
+ * acknowledged part of its batch.
+ */
+#define DELIVERED_BY(f) \
+	"(coalesce(pg_catalog.pg_visible_in_snapshot(r.txid, " f ".prev_snapshot), false)" \
+	" OR coalesce(e.id OPERATOR(pg_catalog.<=) " f ".batch_last_id" \
+	"  AND pg_catalog.pg_visible_in_snapshot(r.txid, " f ".batch_snapshot), false))"
+
+/*
+ * OutboxStoreAdoptRestored
+ *		Publish what a restore brought in and had not delivered.
  *
- * With resume set (a running relay woken by a restore), the batch in
- * memory stays as it is and only the floor is taken from the row: the own
- * row is a copy only in a database just made from a template or upgraded
- * with pg_upgrade, which a relay sees first at its start.
+ * A restore's event rows arrive re-stamped out of every batch, their
+ * original txids in outbox.restored_events, and its progress row under a
+ * name other than 'default' (see outbox--1.1.sql).  When both are in, each
+ * restored event not delivered according to the restored progress (or to
+ * any of them, if several) and not a dead letter gets the current
+ * transaction's id, so the batch after this commit publishes it, in id
+ * order; the rest stay delivered.  Then both go.  With force, events
+ * without any restored progress row (a dump taken without it) are all
+ * published.  Runs in the caller's transaction, which holds a lock on the
+ * log that waits out a restore's COPY still in progress.  Returns how many
+ * events were re-stamped, -1 when there is nothing to adopt, -2 when
+ * restored events wait for their progress row.
  */
 int64
-OutboxStoreLoadProgress(OutboxBatch *batch, bool resume, MemoryContext cxt)
+OutboxStoreAdoptRestored(bool force)
 {
-	Datum		values[2];
-	Oid			types[2] = {INT8OID, OIDOID};
-	int64		adopted;
 	int			rc;
-	HeapTuple	tup;
-	TupleDesc	desc;
 	bool		isnull;
-	Datum		d;
-	char	   *floor_xmax;
+	bool		have_events;
+	bool		have_progress;
+	int64		published;
 
 	SPI_connect();
-	if (!progress_knows_identity())
+	rc = SPI_execute("SELECT pg_catalog.to_regclass('outbox.restored_events') IS NOT NULL", true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not look for restored events: %s", SPI_result_code_string(rc));
+	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
 	{
-		load_progress_1_0(batch, resume, cxt);
+		/* a 1.0 database on this library, before ALTER EXTENSION UPDATE */
 		SPI_finish();
 		return -1;
 	}
-	values[0] = Int64GetDatum((int64) GetSystemIdentifier());
-	values[1] = ObjectIdGetDatum(MyDatabaseId);
-	/* a deleted progress row resets the relay: it re-sends what is kept */
-	rc = SPI_execute_with_args("INSERT INTO outbox.relay_progress"
-							   " (relay, system_identifier, database_oid)"
-							   " SELECT 'default', $1, $2 WHERE NOT EXISTS"
-							   " (SELECT 1 FROM outbox.relay_progress p"
-							   "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')",
-							   2, types, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
-	/* a row from before 1.1 is this database's own */
-	rc = SPI_execute_with_args("UPDATE outbox.relay_progress p"
-							   " SET system_identifier = $1, database_oid = $2"
-							   " WHERE p.relay OPERATOR(pg_catalog.=) 'default'"
-							   " AND p.system_identifier IS NULL",
-							   2, types, values, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "could not mark relay progress: %s", SPI_result_code_string(rc));
-
-	adopted = adopt_foreign_rows();
-
-	rc = SPI_execute("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id,"
-					 " p.floor_id, p.floor_xmax::text"
-					 " FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
-					 true, 1);
+	rc = SPI_execute("SELECT EXISTS (SELECT 1 FROM outbox.restored_events),"
+					 " EXISTS (SELECT 1 FROM outbox.relay_progress p"
+					 "  WHERE p.relay OPERATOR(pg_catalog.<>) 'default')", true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	d = SPI_getbinval(tup, desc, 4, &isnull);
-	batch->floor_id = isnull ? 0 : DatumGetInt64(d);
-	floor_xmax = getstr(tup, desc, 5, CurrentMemoryContext);
-	batch->floor_xmax = floor_xmax == NULL ? 0 : strtou64(floor_xmax, NULL, 10);
-	if (!resume)
+		elog(ERROR, "could not look for restored events: %s", SPI_result_code_string(rc));
+	have_events = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	have_progress = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 2, &isnull));
+	if (!have_events || (!have_progress && !force))
 	{
-		batch->prev = getstr(tup, desc, 1, cxt);
-		batch->cur = getstr(tup, desc, 2, cxt);
-		d = SPI_getbinval(tup, desc, 3, &isnull);
-		batch->last_id = isnull ? 0 : DatumGetInt64(d);
+		SPI_finish();
+		return have_events ? -2 : -1;
 	}
+
+	/* a COPY still loading events or dead letters finishes first */
+	rc = SPI_execute("LOCK TABLE outbox.events, outbox.dead_letters, outbox.relay_progress"
+					 " IN SHARE MODE", false, 0);
+	if (rc != SPI_OK_UTILITY)
+		elog(ERROR, "could not lock the log: %s", SPI_result_code_string(rc));
+	rc = SPI_execute("UPDATE outbox.events e SET txid = pg_catalog.pg_current_xact_id()"
+					 " FROM outbox.restored_events r"
+					 " WHERE r.id OPERATOR(pg_catalog.=) e.id"
+					 " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d"
+					 "  WHERE d.event_pk OPERATOR(pg_catalog.=) e.id)"
+					 " AND (NOT EXISTS (SELECT 1 FROM outbox.relay_progress f"
+					 "   WHERE f.relay OPERATOR(pg_catalog.<>) 'default')"
+					 "  OR EXISTS (SELECT 1 FROM outbox.relay_progress f"
+					 "   WHERE f.relay OPERATOR(pg_catalog.<>) 'default'"
+					 "   AND NOT " DELIVERED_BY("f") "))",
+					 false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "could not publish restored events: %s", SPI_result_code_string(rc));
+	published = (int64) SPI_processed;
+	rc = SPI_execute("DELETE FROM outbox.restored_events", false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not forget restored events: %s", SPI_result_code_string(rc));
+	rc = SPI_execute("DELETE FROM outbox.relay_progress p"
+					 " WHERE p.relay OPERATOR(pg_catalog.<>) 'default'", false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not drop restored progress: %s", SPI_result_code_string(rc));
 	SPI_finish();
-	return adopted;
+	return published;
 }
 
 /*
@@ -836,6 +736,7 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 								  " e.event_type, e.topic, $2, $3::uuid, $4, $5, $6, $7, $8, pg_catalog.to_jsonb(e)"
 								  " FROM outbox.events e WHERE e.id OPERATOR(pg_catalog.=) $1"
 								  " ON CONFLICT (event_id) DO UPDATE SET state = excluded.state,"
+								  " event_pk = excluded.event_pk,"
 								  " blocked_by = excluded.blocked_by,"
 								  " error_class = COALESCE(excluded.error_class, d.error_class),"
 								  " last_error = COALESCE(excluded.last_error, d.last_error),"
@@ -1067,7 +968,7 @@ OutboxStoreFinishReplays(OutboxEvent *events, int n)
 										   " SELECT e.event_id, e.id, e.aggregate_type, e.aggregate_id, e.seq,"
 										   " e.event_type, e.topic, 'parked', $3::uuid, pg_catalog.to_jsonb(e)"
 										   " FROM gone JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) gone.event_pk"
-										   " ON CONFLICT (event_id) DO UPDATE SET state = 'parked',"
+										   " ON CONFLICT (event_id) DO UPDATE SET state = 'parked', event_pk = excluded.event_pk,"
 										   " blocked_by = excluded.blocked_by, resolved_at = NULL",
 										   3, types, values, NULL, false, 0);
 				if (rc != SPI_OK_INSERT)

@@ -100,6 +100,7 @@ pass('150 events are delivered before the dump');
 set_enabled($src, 'off');
 ok(relay_state_is($src, 'shop', 'paused'), 'the relay is paused');
 my @pending = emit_n($src, 'shop', 'p', 80);
+my $src_txid = $src->safe_psql('shop', 'SELECT max(txid::text::bigint) FROM outbox.events');
 is($src->safe_psql('shop', 'SELECT backlog >= 80 FROM outbox.status()'), 't',
 	'80 events wait undelivered when the dump is taken');
 
@@ -111,16 +112,20 @@ is($rc, 0, 'pg_dump (plain) succeeds') or diag($err);
 # --- the same cluster: the source goes, its dump comes back under another name
 $src->safe_psql('postgres', 'DROP DATABASE shop');
 $src->safe_psql('postgres', 'CREATE DATABASE shop2');
-($rc, $out, $err) = run_tool('pg_restore', '-d', $src->connstr('shop2'), "$dir/shop.dump");
-is($rc, 0, 'pg_restore into the same cluster exits 0');
+# in parallel: the small progress table may be loaded while the events
+# are still being copied
+($rc, $out, $err) = run_tool('pg_restore', '-j', '2', '-d', $src->connstr('shop2'), "$dir/shop.dump");
+is($rc, 0, 'pg_restore -j 2 into the same cluster exits 0');
 is($err, '', 'and reports no error') or diag($err);
 set_enabled($src, 'on');
 ok(defined(wait_for_relay($src, 'shop2', 10)), 'the restored database has a relay');
 my %want = map { $_ => 1 } @delivered, @pending;
 wait_for_counts(\%want,
 	'restored into the same cluster: the 80 undelivered events are published, the 150 delivered ones not again');
-ok(wait_for_log_match($src, qr/adopted restored or copied progress.*\n.*80 events it had not delivered/, 0, 10),
-	'the relay logs that it adopted the restored progress, with the count');
+ok(wait_for_log_match($src, qr/adopted restored events.*\n.*80 events not delivered before the dump/, 0, 10),
+	'the relay logs that it adopted the restored events, with the count');
+is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.restored_events'), '0',
+	'no restored event is left unjudged');
 is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.relay_progress'), '1',
 	'one progress row is left, the database\'s own');
 
@@ -131,8 +136,7 @@ $fresh->safe_psql('postgres', 'CREATE DATABASE shop');
 	'-f', "$dir/shop.sql");
 is($rc, 0, 'pg_dump | psql with ON_ERROR_STOP into a fresh cluster succeeds') or diag($err);
 unlike($err, qr/ERROR/, 'and reports no error');
-ok( $fresh->safe_psql('shop', 'SELECT pg_current_xact_id()::text::bigint')
-	  < $fresh->safe_psql('shop', 'SELECT max(txid::text::bigint) FROM outbox.events'),
+ok( $fresh->safe_psql('shop', 'SELECT pg_current_xact_id()::text::bigint') < $src_txid,
 	'the fresh cluster has not reached the restored events\' transaction ids');
 ok(defined(wait_for_relay($fresh, 'shop', 10)), 'the fresh cluster\'s database has a relay');
 $want{$_}++ foreach @pending;
@@ -150,6 +154,22 @@ my @later2 = emit_n($fresh, 'shop', 'm', 20);
 $want{$_} = 1 foreach @later, @later2;
 wait_for_counts(\%want,
 	'new events in the restored database are published, and the restored ones are not sent again');
+
+# --- events emitted in the transaction that creates the extension are
+# published, also when a later transaction id completed before it
+$src->safe_psql('postgres', 'CREATE DATABASE birth');
+$src->safe_psql('birth', 'CREATE EXTENSION dblink');
+my $conn = $src->connstr('postgres');
+my ($born) = grep { /^[0-9a-f-]{36}$/ } split /\n/, $src->safe_psql('birth', qq{
+BEGIN;
+SELECT pg_current_xact_id();
+SELECT dblink_exec(\$c\$$conn\$c\$, 'CREATE TABLE birth_tick ()');
+CREATE EXTENSION outbox;
+SELECT outbox.emit('parcel', 'b-1', 'parcel.sent', '{}');
+COMMIT;});
+ok(defined $born, 'an event is emitted in the CREATE EXTENSION transaction');
+$want{$born} = 1;
+wait_for_counts(\%want, 'it is published');
 
 # --- CREATE DATABASE ... TEMPLATE: the copy publishes what its template had
 # not delivered, once, and nothing else
