@@ -163,6 +163,34 @@ $node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox; CRE
 	like($err, qr/ERROR:  42P06: schema "outbox" already exists and is not empty/,
 		'with 42P06');
 }
+$node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox; GRANT CREATE ON SCHEMA outbox TO squatter');
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'CREATE EXTENSION outbox',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'CREATE EXTENSION refuses an empty schema "outbox" another role may create objects in');
+	like($err, qr/ERROR:  42501: schema "outbox" already exists and grants privileges to a role that is not a superuser/,
+		'with 42501');
+}
+# 1.0 adopted such a schema: updating to 1.1 refuses until it is fixed
+$node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox AUTHORIZATION squatter');
+$node->safe_psql('squat', "CREATE EXTENSION outbox VERSION '1.0'");
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'ALTER EXTENSION outbox UPDATE',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'updating a 1.0 install whose schema another role owns is refused');
+	like($err, qr/ERROR:  42501: schema "outbox" is not owned by a superuser/, 'with 42501 and the fix in a hint');
+}
+$node->safe_psql('squat', 'ALTER SCHEMA outbox OWNER TO CURRENT_USER; GRANT CREATE ON SCHEMA outbox TO squatter');
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'ALTER EXTENSION outbox UPDATE',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'updating a 1.0 install whose schema another role may create objects in is refused');
+	like($err, qr/ERROR:  42501: a role that is not a superuser may create objects in schema "outbox"/, 'with 42501');
+}
+$node->safe_psql('squat', 'REVOKE CREATE ON SCHEMA outbox FROM squatter');
+is($node->psql('squat', 'ALTER EXTENSION outbox UPDATE'), 0, 'once fixed, the update goes through');
+$node->safe_psql('squat', 'DROP EXTENSION outbox');
+
 # an empty schema a superuser made (pg_restore creates it before the
 # extension) is accepted
 $node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox');
