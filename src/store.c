@@ -385,10 +385,16 @@ OutboxStoreLoadProgress(OutboxBatch *batch, bool resume, MemoryContext cxt)
 
 	adopted = adopt_foreign_rows();
 
+	/*
+	 * Not read-only: a read-only SPI command keeps the snapshot it started
+	 * with and would read the row as it was before the adoption above
+	 * rewrote it (the old cluster's snapshots, no floor), so the batches
+	 * would publish again what the adoption queued for replay.
+	 */
 	rc = SPI_execute("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id,"
 					 " p.floor_id, p.floor_xmax::text"
 					 " FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
-					 true, 1);
+					 false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
 	tup = SPI_tuptable->vals[0];
