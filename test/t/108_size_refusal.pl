@@ -55,9 +55,7 @@ sub last_error_of
 }
 
 # --- the client: larger than the producer's message.max.bytes.  A row
-# written without emit(), which would refuse it itself (on PostgreSQL 17 it
-# does; on 15 a session does not see the limit set at server start, see the
-# README's "Supported versions").
+# written without emit(), which refuses such an event itself.
 my $offset = -s $node->logfile;
 my $big = $node->safe_psql(
 	'postgres', q{INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id,
