@@ -3,7 +3,13 @@
 CREATE EXTENSION outbox;
 SELECT extname, extversion, extnamespace::regnamespace AS schema
   FROM pg_extension WHERE extname = 'outbox';
-\dx+ outbox
+-- its members (not \dx+: psql 17 lists the tables' row types too)
+SELECT pg_describe_object(classid, objid, 0) AS member
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
+   AND deptype = 'e' AND classid <> 'pg_type'::regclass
+ ORDER BY 1;
 
 CREATE SCHEMA t;
 CREATE FUNCTION t.err(q text) RETURNS text

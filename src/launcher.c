@@ -48,7 +48,11 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox.h"
+
+/* pg_stat_activity.wait_event of the idle launcher (see compat.h) */
+static uint32 wait_main_event;
 
 #define OUTBOX_RESTART_DELAY_MS		1000
 #define OUTBOX_RESCAN_INTERVAL_MS	10000
@@ -489,7 +493,7 @@ OutboxLauncherMain(Datum main_arg)
 		sleep = supervise();
 		pgstat_report_activity(STATE_IDLE, NULL);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 sleep, PG_WAIT_EXTENSION);
+						 sleep, OutboxWaitEvent(&wait_main_event, "OutboxLauncherMain"));
 		ResetLatch(MyLatch);
 	}
 
@@ -545,7 +549,7 @@ other_database(const char *name)
 static bool
 owns_database(Oid dboid)
 {
-	return OidIsValid(dboid) && pg_database_ownercheck(dboid, GetUserId());
+	return OidIsValid(dboid) && OutboxDatabaseOwnercheck(dboid, GetUserId());
 }
 
 /* CREATE DATABASE ... TEMPLATE: whether the caller may copy dboid */

@@ -19,6 +19,7 @@
 #include "miscadmin.h"
 #include "utils/guc.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 PG_MODULE_MAGIC;
@@ -99,8 +100,8 @@ check_kafka_config(char **newval, void **extra, GucSource source)
 			GUC_check_errdetail("librdkafka reports no usable message.max.bytes.");
 			return false;
 		}
-		/* guc.c frees extra with free() (guc_malloc is not exported in 15) */
-		result = malloc(sizeof(int));
+		/* guc.c frees extra itself: allocate it as it wants (compat.h) */
+		result = OutboxGucMalloc(sizeof(int));
 		if (result == NULL)
 			return false;
 		*result = max_bytes;

@@ -36,8 +36,6 @@
  */
 #include "postgres.h"
 
-#include <malloc.h>
-
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -53,6 +51,7 @@
 #include "utils/timestamp.h"
 #include "common/pg_prng.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 #define RELAY_LOG_INTERVAL_MS	10000
@@ -63,6 +62,18 @@
 #define RELAY_ACK_POLL_MS		1000
 #define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
 #define RELAY_RELOAD_GRACE_MS	2000	/* in flight at a settings change */
+
+/*
+ * What pg_stat_activity.wait_event shows while the relay waits (named from
+ * PostgreSQL 17 on, "Extension" before: see compat.h).
+ */
+static uint32 wait_idle_event;
+static uint32 wait_acks_event;
+static uint32 wait_backoff_event;
+
+#define WAIT_IDLE		OutboxWaitEvent(&wait_idle_event, "OutboxRelayIdle")
+#define WAIT_ACKS		OutboxWaitEvent(&wait_acks_event, "OutboxRelayAcks")
+#define WAIT_BACKOFF	OutboxWaitEvent(&wait_backoff_event, "OutboxRelayBackoff")
 
 typedef enum PageResult
 {
@@ -416,7 +427,7 @@ wait_for_acks(void)
 					(void) WaitLatchOrSocket(MyLatch, WL_SOCKET_READABLE | WL_TIMEOUT |
 											 WL_EXIT_ON_PM_DEATH,
 											 OutboxProducerEventFd(producer), 100,
-											 PG_WAIT_EXTENSION);
+											 WAIT_ACKS);
 				return false;
 			}
 			timeout = Min(timeout, TimestampDifferenceMilliseconds(now, deadline));
@@ -426,7 +437,7 @@ wait_for_acks(void)
 								 WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
 								 WL_EXIT_ON_PM_DEATH,
 								 OutboxProducerEventFd(producer), timeout,
-								 PG_WAIT_EXTENSION);
+								 WAIT_ACKS);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 		process_reload();
@@ -456,15 +467,16 @@ wait_for_acks(void)
 /*
  * sleep_ms
  *		Wait on the latch for up to ms; commits and signals cut it short.
- *		Returns whether the latch was set.
+ *		wait_event is what pg_stat_activity shows meanwhile.  Returns
+ *		whether the latch was set.
  */
 static bool
-sleep_ms(long ms)
+sleep_ms(long ms, uint32 wait_event)
 {
 	int			rc;
 
 	rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-				   ms, PG_WAIT_EXTENSION);
+				   ms, wait_event);
 	ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
 	return (rc & WL_LATCH_SET) != 0;
@@ -496,7 +508,7 @@ back_off(void)
 
 		if (left <= 0)
 			break;
-		sleep_ms(left);
+		sleep_ms(left, WAIT_BACKOFF);
 		process_reload();
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
@@ -1082,7 +1094,7 @@ idle_wait(void)
 	bool		latched = false;
 
 	if (producer == NULL)
-		return sleep_ms(outbox_poll_interval);
+		return sleep_ms(outbox_poll_interval, WAIT_IDLE);
 	for (;;)
 	{
 		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
@@ -1094,7 +1106,7 @@ idle_wait(void)
 							   WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
 							   WL_EXIT_ON_PM_DEATH,
 							   OutboxProducerEventFd(producer), left,
-							   PG_WAIT_EXTENSION);
+							   WAIT_IDLE);
 		if (rc & WL_SOCKET_READABLE)
 		{
 			(void) OutboxProducerServe(producer);
@@ -1169,8 +1181,7 @@ OutboxRelayMain(Datum main_arg)
 	pages[1].cxt = AllocSetContextCreate(relay_cxt, "outbox page",
 										 RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY,
 										 ALLOCSET_DEFAULT_MAXSIZE);
-	mallopt(M_TRIM_THRESHOLD, RELAY_MALLOC_KEEP);
-	mallopt(M_MMAP_THRESHOLD, RELAY_MALLOC_KEEP);
+	OutboxMallocKeep(RELAY_MALLOC_KEEP);
 	blocked_cxt = AllocSetContextCreate(relay_cxt, "outbox blocked aggregates",
 										ALLOCSET_SMALL_SIZES);
 	producer_cxt = AllocSetContextCreate(relay_cxt, "outbox producer settings",

@@ -1,5 +1,8 @@
 # The version is written once, in outbox.control; META.json must agree, and
-# the install script for it must exist.
+# the install script for it must exist.  META.json states the supported
+# PostgreSQL versions; the lowest is the runtime prerequisite and the floor
+# compat.h enforces, the README names them all, and no source file but
+# src/compat.h tests a version.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -17,5 +20,30 @@ my $semver = $version =~ /^\d+\.\d+$/ ? "$version.0" : $version;
 is($meta_version, $semver, 'META.json version matches outbox.control');
 is($provides_version, $semver, 'META.json provides version matches outbox.control');
 ok(-f "sql/outbox--$version.sql", "install script sql/outbox--$version.sql exists");
+
+# supported PostgreSQL versions
+my ($tested) = $meta =~ /"x_tested_postgresql"\s*:\s*\[([^\]]*)\]/;
+my @majors = sort { $a <=> $b } ($tested // '') =~ /"(\d+)"/g;
+is(join(' ', @majors), '15 17 18',
+	'META.json x_tested_postgresql lists PostgreSQL 15, 17 and 18');
+my ($requires) = $meta =~ /"PostgreSQL"\s*:\s*"([^"]+)"/;
+is($requires, "$majors[0].0.0",
+	'META.json requires the lowest tested PostgreSQL at runtime');
+my $compat = slurp_file('src/compat.h');
+like($compat, qr/#if PG_VERSION_NUM < ${\($majors[0] * 10000)}\n#error/,
+	'compat.h refuses PostgreSQL older than the lowest tested');
+my ($supported) = slurp_file('README.md') =~ /^### Supported versions\n(.*?)^#/ms;
+like($supported // '', qr/PostgreSQL \Q${\join(', ', @majors[0 .. $#majors - 1])} and $majors[-1]\E/,
+	'the README names the tested versions');
+
+# version branches live in compat.h only
+my @branching;
+for my $file (glob('src/*.c src/*.h'))
+{
+	next if $file eq 'src/compat.h';
+	push @branching, $file
+	  if slurp_file($file) =~ /PG_VERSION_NUM|RD_KAFKA_VERSION|rd_kafka_version|__GLIBC__|\bmallopt\b/;
+}
+is(join(' ', @branching), '', 'no source file but src/compat.h tests a version');
 
 done_testing();

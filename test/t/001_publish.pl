@@ -31,6 +31,18 @@ is( $node->safe_psql(
 	'outbox relay shop',
 	'the relay is listed with backend_type "outbox relay" and its database');
 
+# what an idle relay waits for: named from PostgreSQL 17 on (custom wait
+# events), the generic "Extension" before
+my $version_num = $node->safe_psql('postgres', 'SHOW server_version_num');
+my $idle_wait =
+  $version_num >= 170000 ? 'Extension/OutboxRelayIdle' : 'Extension/Extension';
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT wait_event_type || '/' || wait_event FROM pg_stat_activity WHERE pid = "
+		  . ($pid // 0),
+		$idle_wait),
+	"the idle relay's wait event is $idle_wait");
+
 # 8 clients x 100 transactions, each emitting for two aggregates (in a fixed
 # order, so the counter row locks cannot deadlock); one in five rolls back,
 # after marking its payloads "doomed" so that Kafka can tell them apart.

@@ -1,0 +1,129 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *		Every difference between the PostgreSQL and librdkafka versions
+ *		outbox builds against, in one place.
+ *
+ * Supported: PostgreSQL 15, 17 and 18 (16 builds too but Debian carries no
+ * release of it, so it is not tested); librdkafka 2.0 and later (Debian
+ * bookworm has 2.0.2, trixie 2.8.0).
+ *
+ * Invariants:
+ *	- this is the only file of the project that tests PG_VERSION_NUM,
+ *	  RD_KAFKA_VERSION or a C library's identity; the rest of the code calls
+ *	  what is defined here and reads the same on every version;
+ *	- each section below is independent: one topic, its version test, its
+ *	  definitions for both sides of it.  Add a new difference as a new
+ *	  section at the end of its part (PostgreSQL, librdkafka, C library).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_COMPAT_H
+#define OUTBOX_COMPAT_H
+
+#include "pgstat.h"
+
+
+/* ========================================================================
+ * Part 1: PostgreSQL
+ * ========================================================================
+ */
+
+/* ---- 1.1 Supported range ---------------------------------------------- */
+#if PG_VERSION_NUM < 150000
+#error "outbox needs PostgreSQL 15 or later"
+#endif
+
+/* ---- 1.2 Wait events ----------------------------------------------------
+ *
+ * From 17 on, an extension registers named wait events
+ * (WaitEventExtensionNew), so pg_stat_activity.wait_event tells what a relay
+ * waits for.  Before 17 every wait shows as "Extension".
+ *
+ * OutboxWaitEvent(&cache, name) returns the wait event to pass to
+ * WaitLatch(); the cache (a static uint32 of the caller, 0 at start) keeps
+ * the registration per process: WaitEventExtensionNew takes a lock and looks
+ * the name up in shared memory, which is not for every wait.
+ */
+#if PG_VERSION_NUM >= 170000
+#define OUTBOX_NAMED_WAIT_EVENTS 1
+static inline uint32
+OutboxWaitEvent(uint32 *cache, const char *name)
+{
+	if (*cache == 0)
+		*cache = WaitEventExtensionNew(name);
+	return *cache;
+}
+#else
+static inline uint32
+OutboxWaitEvent(uint32 *cache, const char *name)
+{
+	(void) cache;
+	(void) name;
+	return PG_WAIT_EXTENSION;
+}
+#endif
+
+/* ---- 1.3 Ownership checks -------------------------------------------
+ *
+ * 16 replaced the per-kind pg_*_ownercheck() by object_ownercheck().
+ */
+#if PG_VERSION_NUM >= 160000
+#include "catalog/pg_database.h"
+#include "utils/acl.h"
+#define OutboxDatabaseOwnercheck(dboid, roleid) \
+	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
+#else
+#include "utils/acl.h"
+#define OutboxDatabaseOwnercheck(dboid, roleid) \
+	pg_database_ownercheck((dboid), (roleid))
+#endif
+
+/* ---- 1.4 Memory of a GUC check hook's "extra" ---------------------------
+ *
+ * guc.c frees extra with free() up to 15 and with pfree() (in its own
+ * memory context) from 16 on, where guc_malloc() is exported for it.
+ * OutboxGucMalloc returns NULL when out of memory, as guc_malloc(LOG, ...)
+ * does; a check hook then returns false.
+ */
+#if PG_VERSION_NUM >= 160000
+#include "utils/guc.h"
+#define OutboxGucMalloc(size) guc_malloc(LOG, (size))
+#else
+#define OutboxGucMalloc(size) malloc(size)
+#endif
+
+
+/* ========================================================================
+ * Part 2: librdkafka
+ * ========================================================================
+ *
+ * Nothing yet: every call outbox makes exists and behaves alike from 2.0.2
+ * to 2.8.0.  A branch would test RD_KAFKA_VERSION (0xMMmmrrxx) here.
+ */
+
+
+/* ========================================================================
+ * Part 3: C library
+ * ========================================================================
+ */
+
+/* ---- 3.1 malloc tuning ------------------------------------------------
+ *
+ * OutboxMallocKeep(bytes): ask malloc to keep up to bytes of freed memory
+ * rather than handing it back to the kernel, and to serve allocations below
+ * that size from the heap.  glibc only (mallopt); elsewhere a no-op, which
+ * costs speed, not correctness.
+ */
+#ifdef __GLIBC__
+#include <malloc.h>
+#define OutboxMallocKeep(bytes) \
+	do { \
+		mallopt(M_TRIM_THRESHOLD, (bytes)); \
+		mallopt(M_MMAP_THRESHOLD, (bytes)); \
+	} while (0)
+#else
+#define OutboxMallocKeep(bytes) ((void) (bytes))
+#endif
+
+#endif							/* OUTBOX_COMPAT_H */
