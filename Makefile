@@ -40,6 +40,10 @@ $(OBJS): src/outbox.h
 test-broker:
 	$(MAKE) -C test/broker
 
-installcheck: test-broker
+# the 3xx TAP files run Apache Kafka: fetched through Maven once
+kafka-lib:
+	test/kafka/apache fetch
 
-.PHONY: test-broker
+installcheck: test-broker kafka-lib
+
+.PHONY: test-broker kafka-lib
