@@ -57,9 +57,10 @@ sub run_apache
 
 =over
 
-=item OutboxKafka::Cluster->start(brokers => N)
+=item OutboxKafka::Cluster->start(brokers => N, config => { k => v })
 
-Formats and starts N brokers (default 3) in a fresh temporary directory
+Formats and starts N brokers (default 3), with broker properties config
+added to the defaults of test/kafka/apache, in a fresh temporary directory
 and waits until they accept writes; BAIL_OUT when they do not.
 
 =cut
@@ -72,7 +73,9 @@ sub start
 	my $self = bless { dir => $dir, n => $p{brokers} // 3 }, $class;
 
 	push @running, $self;
-	my ($ok, $out, $err) = run_apache('up', $dir, $self->{n});
+	my $conf = $p{config} // {};
+	my ($ok, $out, $err) = run_apache('up', $dir, $self->{n},
+		map { "$_=$conf->{$_}" } sort keys %$conf);
 	BAIL_OUT("Apache Kafka did not start: $err") unless $ok;
 	chomp $out;
 	$self->{bootstrap} = $out;
