@@ -219,6 +219,36 @@ sub read_java
 
 =pod
 
+=item $c->wait_for_events(topic, ids [, timeout])
+
+OutboxTest::wait_for_events with the Java reader: it reads up to the end
+offsets of when it starts, so it ends under load too (kcat's end of
+partition event may not come while a partition keeps growing).
+
+=cut
+
+sub wait_for_events
+{
+	my ($self, $topic, $ids, $timeout) = @_;
+	my $deadline = time() + ($timeout // 60);
+	my ($msgs, @missing) = ([]);
+
+	while (1)
+	{
+		$msgs = $self->read_java($topic) // $msgs;
+		my %seen = map { ($_->{headers}{id} // '') => 1 } @$msgs;
+		@missing = grep { !$seen{$_} } @$ids;
+		return $msgs unless @missing;
+		last if time() > $deadline;
+		select(undef, undef, undef, 0.2);
+	}
+	fail("topic $topic receives all " . scalar(@$ids)
+		  . " events (missing " . scalar(@missing) . ", e.g. $missing[0])");
+	return $msgs;
+}
+
+=pod
+
 =item $c->down
 
 Stops every broker (a graceful stop, then kill -9 after 60 s).

@@ -41,8 +41,8 @@ my @shop = split /\n/, $shop_ids;
 
 $load->finish;
 my $ids = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$ids ], 90);
-wait_for_events($kafka, 'outbox.event.shop', \@shop, 30);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$ids ], 90);
+$kafka->wait_for_events('outbox.event.shop', \@shop, 30);
 
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 ok(defined $msgs, 'the Java client reads the topic back');

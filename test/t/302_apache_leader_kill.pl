@@ -34,7 +34,7 @@ ok(defined wait_for_relay($node, 'postgres', 30), 'the relay runs');
 my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 35, rate => 100);
 usleep(6_000_000);
 my $before = committed_ids($node, 'postgres');
-my $msgs = wait_for_events($kafka, $DRILL_TOPIC, [ keys %$before ], 60);
+my $msgs = $kafka->wait_for_events($DRILL_TOPIC, [ keys %$before ], 60);
 
 my %count;
 $count{ $_->{partition} }++ foreach @$msgs;
@@ -51,7 +51,7 @@ my $at_kill = committed_ids($node, 'postgres');
 my $t_recovered;
 while (time() < $t_kill + 90)
 {
-	my $seen = event_ids_of(read_topic($kafka, $DRILL_TOPIC) // []);
+	my $seen = event_ids_of($kafka->read_java($DRILL_TOPIC) // []);
 	if (!grep { !$seen->{$_} } keys %$at_kill)
 	{
 		$t_recovered = time();
@@ -68,7 +68,7 @@ isnt($new->{$busiest}{leader}, $victim, "partition $busiest has a new leader (br
 $kafka->start_broker($victim);
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);

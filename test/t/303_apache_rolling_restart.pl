@@ -31,7 +31,7 @@ outbox.retry_backoff_max = '1s'
 drill_setup($node, 'postgres');
 ok(defined wait_for_relay($node, 'postgres', 30), 'the relay runs');
 
-my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 90, rate => 100);
+my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 45, rate => 100);
 usleep(4_000_000);
 my $t0 = time();
 foreach my $i (1 .. 3)
@@ -54,7 +54,7 @@ is($st->{quarantined}, 0, 'a rolling restart quarantines nothing');
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);

@@ -33,7 +33,7 @@ ok(defined wait_for_relay($node, 'postgres', 30), 'the relay runs');
 my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 40, rate => 50);
 usleep(4_000_000);
 my $before = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$before ], 60);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$before ], 60);
 
 $kafka->kill(2);
 $kafka->kill(3);
@@ -59,7 +59,7 @@ $kafka->start_broker(2);
 $kafka->start_broker(3);
 my $t_up = time();
 my $at_up = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$at_up ], 120);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$at_up ], 120);
 diag(sprintf('two brokers down %.0f s: backlog delivered %.1f s after they were started again',
 	$t_up - $t_down, time() - $t_up));
 ok(poll_until($node, 'postgres',
@@ -68,7 +68,7 @@ ok(poll_until($node, 'postgres',
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);

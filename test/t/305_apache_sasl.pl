@@ -85,7 +85,7 @@ diag(sprintf('SCRAM: first events published %.1f s after the password fix and re
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);

@@ -76,7 +76,7 @@ ok( poll_until(
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);
@@ -111,7 +111,7 @@ ok($writable, sprintf('the grant reaches the brokers (%.1f s)', time() - $t_gran
 my $queued = $node->safe_psql('postgres',
 	"SELECT count(*) FROM outbox.replay('$locked[0]')");
 is($queued, 3, 'replay() queues the head and its 2 parked successors');
-my $got = wait_for_events($kafka, 'outbox.event.locked', \@locked, 60);
+my $got = $kafka->wait_for_events('outbox.event.locked', \@locked, 60);
 my @seqs = map { $_->{headers}{seq} } grep { defined $_->{headers}{id} } @$got;
 is_deeply(\@seqs, [ 1, 2, 3 ], 'they arrive, in order, once each');
 is($node->safe_psql('postgres',

@@ -35,7 +35,7 @@ my $load = OutboxDrill::Load->start($node, 'postgres', seconds => 15, rate => 50
 
 my $ok1 = $node->safe_psql('postgres',
 	"SELECT outbox.emit('small', 'fits', 'small.made', '{\"n\": 1}')");
-wait_for_events($kafka, 'outbox.event.small', [$ok1], 60);
+$kafka->wait_for_events('outbox.event.small', [$ok1], 60);
 my $big = $node->safe_psql('postgres',
 	"SELECT outbox.emit('small', 'huge', 'small.made', jsonb_build_object('blob', repeat('z', 5000)))");
 ok( poll_until(
@@ -53,13 +53,13 @@ is($attempts, 2, 'after outbox.max_attempts attempts');
 
 my $ok2 = $node->safe_psql('postgres',
 	"SELECT outbox.emit('small', 'fits', 'small.made', '{\"n\": 2}')");
-my $small = wait_for_events($kafka, 'outbox.event.small', [$ok2], 60);
+my $small = $kafka->wait_for_events('outbox.event.small', [$ok2], 60);
 ok(!(grep { ($_->{headers}{id} // '') eq $big } @$small),
 	'the topic holds the events that fit, not the refused one');
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);

@@ -59,7 +59,7 @@ ok( poll_until(
 
 $load->finish;
 my $all = committed_ids($node, 'postgres');
-wait_for_events($kafka, $DRILL_TOPIC, [ keys %$all ], 90);
+$kafka->wait_for_events($DRILL_TOPIC, [ keys %$all ], 90);
 my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);
@@ -72,7 +72,7 @@ $kafka->create_topic('outbox.event.absent', 3);
 usleep(1_000_000) until defined $kafka->read_java('outbox.event.absent');
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox.replay('$missing[0]')"),
 	2, 'after the topic is created, replay() queues the event and its successor');
-my $got = wait_for_events($kafka, 'outbox.event.absent', \@missing, 60);
+my $got = $kafka->wait_for_events('outbox.event.absent', \@missing, 60);
 is_deeply([ map { $_->{headers}{seq} } @$got ], [ 1, 2 ], 'they arrive in order');
 
 $node->stop;
