@@ -40,6 +40,10 @@ $(OBJS): src/outbox.h src/compat.h
 test-broker:
 	$(MAKE) -C test/broker
 
-installcheck: test-broker
+# the 3xx TAP files run Apache Kafka: fetched through Maven once
+kafka-lib:
+	@case "$(PROVE_TESTS)" in *test/t/3* | *'test/t/*.pl'*) test/kafka/apache fetch ;; esac
 
-.PHONY: test-broker
+installcheck: test-broker kafka-lib
+
+.PHONY: test-broker kafka-lib

@@ -1,0 +1,257 @@
+/*
+ * OutboxKafkaTool: the tests' independent reader of Apache Kafka, written
+ * with Kafka's own Java client (test tool only, never installed).
+ *
+ *   ready BOOTSTRAP N SECONDS      wait until N brokers answer and a write
+ *                                  with acks=all to a probe topic succeeds
+ *   read BOOTSTRAP TOPIC [k=v...]  every message of TOPIC from the beginning
+ *                                  up to its end offsets at the start, one
+ *                                  JSON line each (see below); exit 3 when
+ *                                  the topic does not exist
+ *   leaders BOOTSTRAP TOPIC        one line per partition: partition leader isr
+ *   partition N KEY...             the partition Java's default partitioner
+ *                                  picks for each key among N partitions
+ *
+ * A read line: {"partition":P,"offset":O,"key":K,"value":V,
+ * "headers":[[name,value],...],"java_partition":J} where J is
+ * toPositive(murmur2(key bytes)) % partitions of the topic: the partition
+ * the Java producer's default partitioner would have chosen for that key.
+ * Keys, values and header values are decoded as UTF-8; null stays null.
+ * This program shares no code with the relay: it is how tests check it.
+ */
+
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.*;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.kafka.clients.admin.*;
+import org.apache.kafka.clients.consumer.*;
+import org.apache.kafka.clients.producer.*;
+import org.apache.kafka.common.*;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.serialization.*;
+import org.apache.kafka.common.utils.Utils;
+
+public class OutboxKafkaTool
+{
+	static int javaPartition(byte[] key, int n)
+	{
+		return Utils.toPositive(Utils.murmur2(key)) % n;
+	}
+
+	static void json(StringBuilder sb, String s)
+	{
+		if (s == null)
+		{
+			sb.append("null");
+			return;
+		}
+		sb.append('"');
+		for (int i = 0; i < s.length(); i++)
+		{
+			char c = s.charAt(i);
+			switch (c)
+			{
+				case '"': sb.append("\\\""); break;
+				case '\\': sb.append("\\\\"); break;
+				case '\n': sb.append("\\n"); break;
+				case '\r': sb.append("\\r"); break;
+				case '\t': sb.append("\\t"); break;
+				default:
+					if (c < 0x20)
+						sb.append(String.format("\\u%04x", (int) c));
+					else
+						sb.append(c);
+			}
+		}
+		sb.append('"');
+	}
+
+	static String str(byte[] b)
+	{
+		return b == null ? null : new String(b, StandardCharsets.UTF_8);
+	}
+
+	static Properties props(String boot, String[] args, int from)
+	{
+		Properties p = new Properties();
+		p.put("bootstrap.servers", boot);
+		for (int i = from; i < args.length; i++)
+		{
+			int eq = args[i].indexOf('=');
+			p.put(args[i].substring(0, eq), args[i].substring(eq + 1));
+		}
+		return p;
+	}
+
+	static int ready(String boot, int n, int seconds) throws Exception
+	{
+		long deadline = System.currentTimeMillis() + seconds * 1000L;
+		Properties p = props(boot, new String[0], 0);
+		p.put("request.timeout.ms", "5000");
+		p.put("default.api.timeout.ms", "5000");
+		String last = "";
+
+		while (System.currentTimeMillis() < deadline)
+		{
+			try (Admin admin = Admin.create(p))
+			{
+				int up = admin.describeCluster().nodes().get(5, TimeUnit.SECONDS).size();
+				if (up < n)
+				{
+					last = up + " of " + n + " brokers up";
+					Thread.sleep(300);
+					continue;
+				}
+				try
+				{
+					admin.createTopics(List.of(new NewTopic("__outbox_ready", 1, (short) Math.min(n, 3))))
+						.all().get(10, TimeUnit.SECONDS);
+				}
+				catch (java.util.concurrent.ExecutionException e)
+				{
+					if (!(e.getCause() instanceof org.apache.kafka.common.errors.TopicExistsException))
+						throw e;
+				}
+				Properties pp = props(boot, new String[0], 0);
+				pp.put("acks", "all");
+				pp.put("delivery.timeout.ms", "10000");
+				pp.put("request.timeout.ms", "5000");
+				pp.put("linger.ms", "0");
+				try (Producer<byte[], byte[]> prod = new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer()))
+				{
+					prod.send(new ProducerRecord<>("__outbox_ready", "ready".getBytes())).get(12, TimeUnit.SECONDS);
+				}
+				return 0;
+			}
+			catch (Exception e)
+			{
+				last = e.toString();
+				Thread.sleep(300);
+			}
+		}
+		System.err.println("cluster not ready: " + last);
+		return 1;
+	}
+
+	static int read(String boot, String topic, String[] args) throws Exception
+	{
+		Properties p = props(boot, args, 3);
+		p.putIfAbsent("enable.auto.commit", "false");
+		p.putIfAbsent("max.partition.fetch.bytes", "10485760");
+		p.putIfAbsent("default.api.timeout.ms", "20000");
+
+		try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer()))
+		{
+			Map<String, List<PartitionInfo>> all = c.listTopics(Duration.ofSeconds(20));
+			List<PartitionInfo> infos = all.get(topic);
+			if (infos == null || infos.isEmpty())
+			{
+				System.err.println("topic " + topic + " does not exist");
+				return 3;
+			}
+			int nparts = infos.size();
+			List<TopicPartition> tps = new ArrayList<>();
+			for (PartitionInfo pi : infos)
+				tps.add(new TopicPartition(topic, pi.partition()));
+			c.assign(tps);
+			c.seekToBeginning(tps);
+			Map<TopicPartition, Long> end = c.endOffsets(tps, Duration.ofSeconds(20));
+			long deadline = System.currentTimeMillis() + 60000;
+			StringBuilder out = new StringBuilder();
+
+			while (true)
+			{
+				boolean done = true;
+				for (TopicPartition tp : tps)
+					if (c.position(tp, Duration.ofSeconds(20)) < end.get(tp))
+						done = false;
+				if (done)
+					break;
+				if (System.currentTimeMillis() > deadline)
+				{
+					System.err.println("timed out reading " + topic);
+					return 1;
+				}
+				for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(500)))
+				{
+					if (r.offset() >= end.get(new TopicPartition(topic, r.partition())))
+						continue;
+					out.setLength(0);
+					out.append("{\"partition\":").append(r.partition())
+						.append(",\"offset\":").append(r.offset())
+						.append(",\"key\":");
+					json(out, str(r.key()));
+					out.append(",\"value\":");
+					json(out, str(r.value()));
+					out.append(",\"headers\":[");
+					boolean first = true;
+					for (Header h : r.headers())
+					{
+						if (!first)
+							out.append(',');
+						first = false;
+						out.append('[');
+						json(out, h.key());
+						out.append(',');
+						json(out, str(h.value()));
+						out.append(']');
+					}
+					out.append("],\"java_partition\":");
+					out.append(r.key() == null ? "null" : Integer.toString(javaPartition(r.key(), nparts)));
+					out.append('}');
+					System.out.println(out);
+				}
+			}
+		}
+		System.out.flush();
+		return 0;
+	}
+
+	static int leaders(String boot, String topic) throws Exception
+	{
+		Properties p = props(boot, new String[0], 0);
+		try (Admin admin = Admin.create(p))
+		{
+			TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames()
+				.get(20, TimeUnit.SECONDS).get(topic);
+			for (TopicPartitionInfo pi : d.partitions())
+			{
+				StringBuilder isr = new StringBuilder();
+				for (Node nd : pi.isr())
+					isr.append(isr.length() > 0 ? "," : "").append(nd.id());
+				System.out.println(pi.partition() + " " + (pi.leader() == null ? -1 : pi.leader().id()) + " " + isr);
+			}
+		}
+		return 0;
+	}
+
+	public static void main(String[] args) throws Exception
+	{
+		int rc;
+
+		switch (args.length > 0 ? args[0] : "")
+		{
+			case "ready":
+				rc = ready(args[1], Integer.parseInt(args[2]), Integer.parseInt(args[3]));
+				break;
+			case "read":
+				rc = read(args[1], args[2], args);
+				break;
+			case "leaders":
+				rc = leaders(args[1], args[2]);
+				break;
+			case "partition":
+				int n = Integer.parseInt(args[1]);
+				for (int i = 2; i < args.length; i++)
+					System.out.println(args[i] + " " + javaPartition(args[i].getBytes(StandardCharsets.UTF_8), n));
+				rc = 0;
+				break;
+			default:
+				System.err.println("usage: OutboxKafkaTool ready|read|leaders|partition ...");
+				rc = 2;
+		}
+		System.exit(rc);
+	}
+}
