@@ -40,6 +40,7 @@ struct OutboxProducer
 	int			pending;		/* produced, delivery report not yet served */
 	char		error[256];		/* last error/log line worth reporting */
 	int			error_count;	/* errors since the relay last took one */
+	int			fatal_count;	/* of which of the fatal class (authentication, SSL) */
 	int			brokers_up;		/* from the last statistics, -1 unknown */
 	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
 	rd_kafka_topic_t **topics;
@@ -409,6 +410,8 @@ error_report(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	OutboxProducer *producer = (OutboxProducer *) opaque;
 
 	record_error(producer, "%s: %s", rd_kafka_err2name(err), reason);
+	if (OutboxDeliveryErrorClass(err) == OUTBOX_ERROR_FATAL)
+		producer->fatal_count++;
 }
 
 static void
@@ -833,17 +836,21 @@ OutboxProducerPurge(OutboxProducer *producer)
 
 /*
  * OutboxProducerTakeError
- *		Copy the last recorded error and how many were recorded since the
- *		previous call; false when there was none.
+ *		Copy the last recorded error, how many were recorded since the
+ *		previous call and how many of those were of the fatal class (a
+ *		refused login or TLS handshake); false when there was none.
  */
 bool
-OutboxProducerTakeError(OutboxProducer *producer, char *buf, size_t len, int *count)
+OutboxProducerTakeError(OutboxProducer *producer, char *buf, size_t len, int *count,
+						int *fatal)
 {
 	if (producer->error_count == 0)
 		return false;
 	strlcpy(buf, producer->error, len);
 	*count = producer->error_count;
+	*fatal = producer->fatal_count;
 	producer->error_count = 0;
+	producer->fatal_count = 0;
 	return true;
 }
 

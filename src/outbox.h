@@ -314,7 +314,7 @@ extern int	OutboxProducerServe(OutboxProducer *producer);
 extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
 extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
-									size_t len, int *count);
+									size_t len, int *count, int *fatal);
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
 extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
 extern const char *OutboxDeliveryErrorName(int err);

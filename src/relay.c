@@ -253,9 +253,15 @@ drain_producer_errors(void)
 {
 	char		buf[256];
 	int			count;
+	int			fatal;
 
-	if (producer != NULL && OutboxProducerTakeError(producer, buf, sizeof(buf), &count))
+	if (producer != NULL && OutboxProducerTakeError(producer, buf, sizeof(buf), &count, &fatal))
+	{
 		report_error("Kafka client error", buf);
+		/* a refused login or TLS handshake: counted, librdkafka retries it */
+		while (fatal-- > 0)
+			OutboxSlotCountFailure(relay_slot, OUTBOX_ERROR_FATAL);
+	}
 }
 
 /*

@@ -71,6 +71,8 @@ like($st->{last_error} // '', qr/SASL authentication|Authentication failed/i,
 # a failed login is a client error (librdkafka's error callback), not a
 # delivery failure: no failure counter moves until a delivery times out
 is($st->{published}, 0, 'nothing is published with the wrong password');
+ok( poll_until($node, 'postgres', 'SELECT fatal_failures > 0 FROM outbox.status()', 't', 30),
+	'and counts it as a fatal failure (the class of authentication errors)');
 my $all_status = $node->safe_psql('postgres', 'SELECT row_to_json(s) FROM outbox.status() s');
 unlike($all_status, qr/\Q$wrong\E/, 'status() does not show the password');
 
