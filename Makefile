@@ -35,7 +35,7 @@ include $(PGXS)
 PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared header (PGXS tracks no header)
-$(OBJS): src/outbox.h
+$(OBJS): src/outbox.h src/compat.h
 
 test-broker:
 	$(MAKE) -C test/broker

@@ -53,6 +53,7 @@
 #include "utils/timestamp.h"
 #include "common/pg_prng.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 #define RELAY_LOG_INTERVAL_MS	10000
@@ -123,6 +124,18 @@ static List *blocked = NIL;
 static MemoryContext blocked_cxt = NULL;
 static bool blocked_stale = true;
 static bool replays_due = true;
+
+/*
+ * The cluster's transaction completion count (compat.h) read just before
+ * the last look that found no new batch, and before the last replay read
+ * that found the queue empty.  While it has not moved, no transaction has
+ * ended since those snapshots, so a new look would find the same nothing:
+ * an idle relay's safety poll opens no transaction.
+ */
+static uint64 batch_seen_completions = 0;
+static bool batch_seen_valid = false;
+static uint64 replay_seen_completions = 0;
+static bool replay_seen_valid = false;
 
 static TimestampTz next_cleanup = 0;
 
@@ -1213,6 +1226,7 @@ OutboxRelayMain(Datum main_arg)
 		if (OutboxSlotTakeReplayPending(relay_slot))
 		{
 			replays_due = true;
+			batch_seen_valid = false;
 			blocked_stale = true;
 			/* a restore's progress row wakes the relay the same way */
 			begin_txn("looking for restored progress");
@@ -1223,13 +1237,28 @@ OutboxRelayMain(Datum main_arg)
 		}
 		if (replays_due)
 		{
+			uint64		completions = OutboxXactCompletionCount();
+
 			result = publish_replays();
 			if (result == PAGE_ABANDONED)
 				break;
 			replays_due = false;
+			replay_seen_completions = completions;
+			replay_seen_valid = (result == PAGE_EMPTY);
 		}
 
-		result = publish_page();
+		if (in_hand == NULL && ahead == NULL && !batch_open &&
+			batch_seen_valid &&
+			batch_seen_completions == OutboxXactCompletionCount())
+			result = PAGE_EMPTY;
+		else
+		{
+			uint64		completions = OutboxXactCompletionCount();
+
+			result = publish_page();
+			batch_seen_completions = completions;
+			batch_seen_valid = (result == PAGE_EMPTY);
+		}
 		if (result == PAGE_EMPTY)
 		{
 			set_state(OUTBOX_RELAY_IDLE);
@@ -1238,9 +1267,12 @@ OutboxRelayMain(Datum main_arg)
 
 			/*
 			 * Replays queued by a transaction that woke nobody (a prepared
-			 * one) are found at the safety poll.
+			 * one) are found at the safety poll, if any transaction ended
+			 * since the queue was last seen empty.
 			 */
-			if (!idle_wait())
+			if (!idle_wait() &&
+				!(replay_seen_valid &&
+				  replay_seen_completions == OutboxXactCompletionCount()))
 				replays_due = true;
 		}
 		/* after a settled page the batch may have more: go on at once */
