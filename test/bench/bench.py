@@ -437,7 +437,7 @@ def bench_bigtx(conn):
         set_conf(conn, "outbox.aggregate_sequence", seq)
         q(conn, "VACUUM ANALYZE outbox.events")
         t0 = time.time()
-        q(conn, f"""SELECT count(outbox.emit('bigtx', (g % 100)::text, 'bigtx.e',
+        q(conn, f"""SELECT count(outbox.emit('bigtx', mod(g, 100)::text, 'bigtx.e',
                        jsonb_build_object('n', g, 'pad', '{PAD}')))
                      FROM generate_series(1, {BIGTX_EVENTS}) g""")
         secs[seq] = time.time() - t0
@@ -456,6 +456,8 @@ def bench_opentx(conn):
     many uncommitted events, and with that one open while small unrelated
     transactions commit at every poll (each poll then reads the bounds)."""
     set_conf(conn, "outbox.enabled", "on")
+    # a 100 ms safety poll: enough polls for CPU ticks of 10 ms to resolve
+    set_conf(conn, "outbox.poll_interval", "100ms")
     q(conn, "CREATE TABLE IF NOT EXISTS bench_ticks (n int)")
     time.sleep(3)
     pid = relay_pid(conn)
@@ -476,7 +478,7 @@ def bench_opentx(conn):
     row("opentx", f"relay CPU per poll, no transaction open ({OPENTX_SECS} s)", f"{free:.2f}", "ms")
     holder = psycopg2.connect(conn.dsn)
     hc = holder.cursor()
-    hc.execute(f"""SELECT count(outbox.emit('opentx', (g % 100)::text, 'opentx.e',
+    hc.execute(f"""SELECT count(outbox.emit('opentx', mod(g, 100)::text, 'opentx.e',
                       jsonb_build_object('n', g, 'pad', '{PAD}')))
                     FROM generate_series(1, {BIGTX_EVENTS}) g""")
     time.sleep(2)
@@ -489,6 +491,7 @@ def bench_opentx(conn):
     holder.rollback()
     holder.close()
     q(conn, "DROP TABLE bench_ticks")
+    set_conf(conn, "outbox.poll_interval", "1s")
     set_conf(conn, "outbox.enabled", "off")
 
 
