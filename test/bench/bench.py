@@ -444,8 +444,9 @@ def bench_bigtx(conn):
         row("bigtx", f"one transaction of {BIGTX_EVENTS:,} events, 100 aggregates, sequence {seq}",
             f"{secs[seq]:.2f}", "s", "" if seq == "off" else f"{secs['on'] / secs['off']:.2f}")
     set_conf(conn, "outbox.aggregate_sequence", "on")
+    target = published(conn) + 2 * BIGTX_EVENTS
     set_conf(conn, "outbox.enabled", "on")
-    wait_published(conn, published(conn) + 2 * BIGTX_EVENTS)
+    wait_published(conn, target)
     set_conf(conn, "outbox.enabled", "off")
 
 
