@@ -16,7 +16,7 @@ PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress: emit() without preload, against a throwaway instance
-REGRESS = setup emit capture privileges settings replay
+REGRESS = setup emit capture privileges settings replay sequence
 REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims

@@ -93,6 +93,28 @@ OutboxWaitEvent(uint32 *cache, const char *name)
 #define OutboxGucMalloc(size) malloc(size)
 #endif
 
+/* ---- 1.5 Transaction completion counter -------------------------------
+ *
+ * OutboxXactCompletionCount(): how many transactions with an xid have ended
+ * (committed, aborted, prepared ones finished) in the cluster since start:
+ * the counter PostgreSQL bumps under ProcArrayLock at each such end, to
+ * reuse snapshots.  Unchanged since before a snapshot was taken means a new
+ * snapshot would see the same transactions as done.  17 renamed
+ * ShmemVariableCache to TransamVariables.
+ */
+#include "access/transam.h"
+#include "port/atomics.h"
+static inline uint64
+OutboxXactCompletionCount(void)
+{
+	pg_read_barrier();
+#if PG_VERSION_NUM >= 170000
+	return ((volatile TransamVariablesData *) TransamVariables)->xactCompletionCount;
+#else
+	return ((volatile VariableCacheData *) ShmemVariableCache)->xactCompletionCount;
+#endif
+}
+
 
 /* ========================================================================
  * Part 2: librdkafka

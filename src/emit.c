@@ -8,10 +8,20 @@
  *	  transaction, so commit makes the event durable with the business data
  *	  and rollback removes both.
  *	- With outbox.aggregate_sequence on, the per-aggregate counter row is
- *	  locked (upserted) before the event row's id is drawn.  Emitters of one
- *	  aggregate therefore queue on that row lock, and for one aggregate id
- *	  order, seq order and commit order are the same.  A rolled-back
- *	  transaction rolls its counter increment back too: seq stays gapless.
+ *	  locked (upserted) by the transaction's first emit of that aggregate,
+ *	  before the event row's id is drawn.  Emitters of one aggregate
+ *	  therefore queue on that row lock, and for one aggregate id order, seq
+ *	  order and commit order are the same.  A rolled-back transaction rolls
+ *	  its counter increment back too: seq stays gapless.
+ *	- Later emits of an aggregate in the same transaction take their seq
+ *	  from a backend-local table (seq_table), not from the row: updating
+ *	  one row again and again walks its growing chain of versions, which
+ *	  made a run of emits quadratic.  The row gets the table's final value
+ *	  once, just before commit or prepare (seq_flush).  The table always
+ *	  says what the row would hold had every emit updated it: a
+ *	  subtransaction's abort undoes what it gave out (seq_undo), and
+ *	  forgets an aggregate whose row it upserted, since the upsert and its
+ *	  lock went with it.
  *	- Everything a relay needs is resolved here, once: event id (UUIDv7),
  *	  topic (validated as a legal Kafka name), key, tenant, traceparent.
  *	- Every argument is hostile input: an event emit() accepts cannot
@@ -33,9 +43,13 @@
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
 #include "tcop/utility.h"
+#include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
@@ -65,6 +79,20 @@ static const char *emit_sql_seq =
 " SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s"
 " RETURNING seq";
 
+/* a later emit of an aggregate this transaction holds: seq is $13 */
+static const char *emit_sql_given_seq =
+"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+" event_type, schema_version, topic, key, payload, headers, tenant,"
+" traceparent, occurred_at)"
+" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+" RETURNING seq";
+
+/* at commit or prepare: the counter row's final value, written once */
+static const char *flush_sql =
+"UPDATE outbox.aggregates SET last_seq = $3"
+" WHERE aggregate_type OPERATOR(pg_catalog.=) $1"
+" AND aggregate_id OPERATOR(pg_catalog.=) $2";
+
 static const char *emit_sql_noseq =
 "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 " event_type, schema_version, topic, key, payload, headers, tenant,"
@@ -74,6 +102,48 @@ static const char *emit_sql_noseq =
 
 static SPIPlanPtr emit_plan_seq = NULL;
 static SPIPlanPtr emit_plan_noseq = NULL;
+static SPIPlanPtr emit_plan_given_seq = NULL;
+static SPIPlanPtr flush_plan = NULL;
+
+/*
+ * The aggregates this transaction has locked the counter row of, with the
+ * last seq given out and the value the row holds.  Lives in
+ * TopTransactionContext: gone with the transaction.
+ */
+typedef struct SeqKey
+{
+	const char *type;
+	const char *id;
+	int			type_len;
+	int			id_len;
+} SeqKey;
+
+typedef struct SeqEntry
+{
+	SeqKey		key;			/* strings copied into the table's context */
+	int64		seq;			/* last seq given out */
+	int64		written;		/* what the counter row holds */
+} SeqEntry;
+
+/*
+ * What a subtransaction changed in the table, newest last: an entry it
+ * created (prev_seq < 0) or the seq an entry had before one of its emits.
+ * Only emits inside a subtransaction leave a record; the top transaction's
+ * abort drops the whole table.  A committed subtransaction's records pass
+ * to its parent.
+ */
+typedef struct SeqUndo
+{
+	SeqEntry   *entry;
+	SubTransactionId subid;
+	int64		prev_seq;
+} SeqUndo;
+
+static HTAB *seq_table = NULL;
+static SeqUndo *seq_undo = NULL;
+static int	seq_undo_len = 0;
+static int	seq_undo_cap = 0;
+static Oid	seq_owner = InvalidOid; /* the user emit() ran as */
 
 /* set by emit(), consumed by the transaction callback */
 static bool wake_at_commit = false;
@@ -84,6 +154,9 @@ static int	events_this_xact = 0;
 static int64 uuid_last_tick = 0;
 
 static void emit_xact_callback(XactEvent event, void *arg);
+static void emit_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								  SubTransactionId parentSubid, void *arg);
+static void seq_flush(void);
 
 /*
  * OutboxEmitInit
@@ -93,6 +166,233 @@ void
 OutboxEmitInit(void)
 {
 	RegisterXactCallback(emit_xact_callback, NULL);
+	RegisterSubXactCallback(emit_subxact_callback, NULL);
+}
+
+static uint32
+seq_key_hash(const void *key, Size keysize)
+{
+	const SeqKey *k = (const SeqKey *) key;
+
+	return hash_combine(hash_bytes((const unsigned char *) k->type, k->type_len),
+						hash_bytes((const unsigned char *) k->id, k->id_len));
+}
+
+static int
+seq_key_match(const void *key1, const void *key2, Size keysize)
+{
+	const SeqKey *a = (const SeqKey *) key1;
+	const SeqKey *b = (const SeqKey *) key2;
+
+	if (a->type_len != b->type_len || a->id_len != b->id_len ||
+		memcmp(a->type, b->type, a->type_len) != 0 ||
+		memcmp(a->id, b->id, a->id_len) != 0)
+		return 1;
+	return 0;
+}
+
+/* the transaction is over: its table went with TopTransactionContext */
+static void
+seq_forget(void)
+{
+	seq_table = NULL;
+	seq_undo = NULL;
+	seq_undo_len = seq_undo_cap = 0;
+}
+
+/*
+ * seq_lookup
+ *		The table's entry for this aggregate, or NULL when this transaction
+ *		has not locked its counter row.
+ */
+static SeqEntry *
+seq_lookup(text *aggregate_type, text *aggregate_id)
+{
+	SeqKey		key;
+
+	if (seq_table == NULL)
+		return NULL;
+	key.type = VARDATA_ANY(aggregate_type);
+	key.type_len = VARSIZE_ANY_EXHDR(aggregate_type);
+	key.id = VARDATA_ANY(aggregate_id);
+	key.id_len = VARSIZE_ANY_EXHDR(aggregate_id);
+	return (SeqEntry *) hash_search(seq_table, &key, HASH_FIND, NULL);
+}
+
+/*
+ * seq_reserve_undo, seq_note_undo
+ *		Remember, inside a subtransaction, what to restore if it aborts.
+ *		Room is made before anything changes, so a failure there leaves the
+ *		table as it was.
+ */
+static void
+seq_reserve_undo(void)
+{
+	if (GetCurrentTransactionNestLevel() <= 1 || seq_undo_len < seq_undo_cap)
+		return;
+	if (seq_undo == NULL)
+	{
+		seq_undo_cap = 64;
+		seq_undo = MemoryContextAlloc(TopTransactionContext,
+									  sizeof(SeqUndo) * seq_undo_cap);
+	}
+	else
+	{
+		seq_undo_cap *= 2;
+		seq_undo = repalloc_huge(seq_undo, sizeof(SeqUndo) * seq_undo_cap);
+	}
+}
+
+static void
+seq_note_undo(SeqEntry *entry, int64 prev_seq)
+{
+	if (GetCurrentTransactionNestLevel() <= 1)
+		return;
+	Assert(seq_undo_len < seq_undo_cap);
+	seq_undo[seq_undo_len].entry = entry;
+	seq_undo[seq_undo_len].subid = GetCurrentSubTransactionId();
+	seq_undo[seq_undo_len].prev_seq = prev_seq;
+	seq_undo_len++;
+}
+
+/*
+ * seq_remember
+ *		Enter an aggregate whose counter row this (sub)transaction has just
+ *		upserted and locked, with the seq the upsert gave.
+ */
+static void
+seq_remember(text *aggregate_type, text *aggregate_id, int64 seq)
+{
+	SeqKey		key;
+	SeqEntry   *entry;
+	bool		found;
+
+	if (seq_table == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(SeqKey);
+		ctl.entrysize = sizeof(SeqEntry);
+		ctl.hash = seq_key_hash;
+		ctl.match = seq_key_match;
+		ctl.hcxt = TopTransactionContext;
+		seq_table = hash_create("outbox aggregate sequences", 64, &ctl,
+								HASH_ELEM | HASH_FUNCTION | HASH_COMPARE |
+								HASH_CONTEXT);
+	}
+	seq_reserve_undo();
+	key.type = VARDATA_ANY(aggregate_type);
+	key.type_len = VARSIZE_ANY_EXHDR(aggregate_type);
+	key.id = VARDATA_ANY(aggregate_id);
+	key.id_len = VARSIZE_ANY_EXHDR(aggregate_id);
+	entry = (SeqEntry *) hash_search(seq_table, &key, HASH_ENTER, &found);
+	Assert(!found);
+	entry->key.type = MemoryContextAlloc(TopTransactionContext, key.type_len + 1);
+	memcpy((char *) entry->key.type, key.type, key.type_len);
+	entry->key.id = MemoryContextAlloc(TopTransactionContext, key.id_len + 1);
+	memcpy((char *) entry->key.id, key.id, key.id_len);
+	entry->seq = entry->written = seq;
+	seq_owner = GetUserId();
+	seq_note_undo(entry, -1);
+}
+
+static void
+emit_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	switch (event)
+	{
+		case SUBXACT_EVENT_COMMIT_SUB:
+			/* the parent now answers for what this one did */
+			for (i = seq_undo_len - 1; i >= 0 && seq_undo[i].subid == mySubid; i--)
+				seq_undo[i].subid = parentSubid;
+			break;
+		case SUBXACT_EVENT_ABORT_SUB:
+			/* its children were settled first: its records are the newest */
+			while (seq_undo_len > 0 && seq_undo[seq_undo_len - 1].subid == mySubid)
+			{
+				SeqUndo    *u = &seq_undo[--seq_undo_len];
+
+				if (u->prev_seq >= 0)
+					u->entry->seq = u->prev_seq;
+				else
+					(void) hash_search(seq_table, &u->entry->key, HASH_REMOVE, NULL);
+			}
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * seq_flush
+ *		Write each counter row whose aggregate got more than its first emit
+ *		in this transaction, once, as the user emit() ran as (the caller
+ *		may have no right on the table).  Runs before commit or prepare,
+ *		while the transaction can still fail.
+ */
+static void
+seq_flush(void)
+{
+	HASH_SEQ_STATUS status;
+	SeqEntry   *entry;
+	Oid			save_userid;
+	int			save_sec_context;
+	bool		connected = false;
+
+	if (seq_table == NULL)
+		return;
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	hash_seq_init(&status, seq_table);
+	while ((entry = (SeqEntry *) hash_seq_search(&status)) != NULL)
+	{
+		Datum		values[3];
+		int			rc;
+
+		if (entry->seq == entry->written)
+			continue;
+		if (!connected)
+		{
+			SetUserIdAndSecContext(seq_owner, save_sec_context |
+								   SECURITY_LOCAL_USERID_CHANGE |
+								   SECURITY_RESTRICTED_OPERATION);
+			/* portals are closed by now: the update needs its own snapshot */
+			PushActiveSnapshot(GetTransactionSnapshot());
+			if (SPI_connect() != SPI_OK_CONNECT)
+				elog(ERROR, "SPI_connect failed");
+			connected = true;
+			if (flush_plan == NULL)
+			{
+				Oid			argtypes[3] = {TEXTOID, TEXTOID, INT8OID};
+				SPIPlanPtr	plan = SPI_prepare(flush_sql, 3, argtypes);
+
+				if (plan == NULL)
+					elog(ERROR, "could not prepare the counter update: %s",
+						 SPI_result_code_string(SPI_result));
+				if (SPI_keepplan(plan) != 0)
+					elog(ERROR, "could not keep the counter update plan");
+				flush_plan = plan;
+			}
+		}
+		values[0] = PointerGetDatum(cstring_to_text_with_len(entry->key.type,
+															 entry->key.type_len));
+		values[1] = PointerGetDatum(cstring_to_text_with_len(entry->key.id,
+															 entry->key.id_len));
+		values[2] = Int64GetDatum(entry->seq);
+		rc = SPI_execute_plan(flush_plan, values, NULL, false, 0);
+		if (rc != SPI_OK_UPDATE || SPI_processed != 1)
+			elog(ERROR, "outbox counter update returned %s with %llu rows",
+				 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+		entry->written = entry->seq;
+	}
+	if (connected)
+	{
+		SPI_finish();
+		PopActiveSnapshot();
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
 }
 
 static void
@@ -100,14 +400,20 @@ emit_xact_callback(XactEvent event, void *arg)
 {
 	switch (event)
 	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			seq_flush();
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
+			seq_forget();
 			if (wake_at_commit || replay_at_commit)
 				OutboxWakeRelay(MyDatabaseId, replay_at_commit, events_this_xact);
 			wake_at_commit = replay_at_commit = false;
 			events_this_xact = 0;
 			break;
 		case XACT_EVENT_PREPARE:
+			seq_forget();
 			/* COMMIT PREPARED wakes the relay and counts these events */
 			if (wake_at_commit || replay_at_commit)
 				OutboxNotePrepared(events_this_xact, replay_at_commit);
@@ -116,6 +422,7 @@ emit_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			seq_forget();
 			wake_at_commit = replay_at_commit = false;
 			events_this_xact = 0;
 			break;
@@ -602,9 +909,12 @@ outbox_emit(PG_FUNCTION_ARGS)
 	int32		schema_version = 1;
 	char	   *payload_text;
 	size_t		payload_len;
-	Datum		values[EMIT_NARGS];
-	char		nulls[EMIT_NARGS];
+	Datum		values[EMIT_NARGS + 1];
+	char		nulls[EMIT_NARGS + 1];
 	SPIPlanPtr *planp;
+	const char *sql;
+	int			nargs = EMIT_NARGS;
+	SeqEntry   *held = NULL;
 	int			rc;
 	OutboxEvent event;
 	TimestampTz occurred_at;
@@ -723,16 +1033,35 @@ outbox_emit(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 
-	planp = outbox_aggregate_sequence ? &emit_plan_seq : &emit_plan_noseq;
+	if (outbox_aggregate_sequence)
+		held = seq_lookup(aggregate_type, aggregate_id);
+	if (held != NULL)
+	{
+		/* this transaction holds the row lock: the next number is ours */
+		planp = &emit_plan_given_seq;
+		sql = emit_sql_given_seq;
+		nargs = EMIT_NARGS + 1;
+		values[EMIT_NARGS] = Int64GetDatum(held->seq + 1);
+		nulls[EMIT_NARGS] = ' ';
+	}
+	else if (outbox_aggregate_sequence)
+	{
+		planp = &emit_plan_seq;
+		sql = emit_sql_seq;
+	}
+	else
+	{
+		planp = &emit_plan_noseq;
+		sql = emit_sql_noseq;
+	}
 	if (*planp == NULL)
 	{
-		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+		Oid			argtypes[EMIT_NARGS + 1] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
-		TIMESTAMPTZOID};
+		TIMESTAMPTZOID, INT8OID};
 		SPIPlanPtr	plan;
 
-		plan = SPI_prepare(outbox_aggregate_sequence ? emit_sql_seq : emit_sql_noseq,
-						   EMIT_NARGS, argtypes);
+		plan = SPI_prepare(sql, nargs, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "could not prepare the outbox insert: %s",
 				 SPI_result_code_string(SPI_result));
@@ -753,6 +1082,14 @@ outbox_emit(PG_FUNCTION_ARGS)
 	event.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											SPI_tuptable->tupdesc, 1, &seq_isnull));
 	event.has_seq = !seq_isnull;
+	if (held != NULL)
+	{
+		seq_reserve_undo();
+		seq_note_undo(held, held->seq);
+		held->seq = event.seq;
+	}
+	else if (event.has_seq)
+		seq_remember(aggregate_type, aggregate_id, event.seq);
 	event.event_id = DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(event_id)));
 	event.aggregate_type = text_to_cstring(aggregate_type);
 	event.aggregate_id = text_to_cstring(aggregate_id);

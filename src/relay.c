@@ -139,6 +139,18 @@ static bool replays_due = true;
 #define RELAY_RESTORE_WAIT_MS		60000
 static TimestampTz restore_waiting_since = 0;
 
+/*
+ * The cluster's transaction completion count (compat.h) read just before
+ * the last look that found no new batch, and before the last replay read
+ * that found the queue empty.  While it has not moved, no transaction has
+ * ended since those snapshots, so a new look would find the same nothing:
+ * an idle relay's safety poll opens no transaction.
+ */
+static uint64 batch_seen_completions = 0;
+static bool batch_seen_valid = false;
+static uint64 replay_seen_completions = 0;
+static bool replay_seen_valid = false;
+
 static TimestampTz next_cleanup = 0;
 
 static void
@@ -1251,19 +1263,35 @@ OutboxRelayMain(Datum main_arg)
 		if (OutboxSlotTakeReplayPending(relay_slot))
 		{
 			replays_due = true;
+			batch_seen_valid = false;
 			blocked_stale = true;
 			/* a restore's rows wake the relay the same way */
 			adopt_restored();
 		}
 		if (replays_due)
 		{
+			uint64		completions = OutboxXactCompletionCount();
+
 			result = publish_replays();
 			if (result == PAGE_ABANDONED)
 				break;
 			replays_due = false;
+			replay_seen_completions = completions;
+			replay_seen_valid = (result == PAGE_EMPTY);
 		}
 
-		result = publish_page();
+		if (in_hand == NULL && ahead == NULL && !batch_open &&
+			batch_seen_valid &&
+			batch_seen_completions == OutboxXactCompletionCount())
+			result = PAGE_EMPTY;
+		else
+		{
+			uint64		completions = OutboxXactCompletionCount();
+
+			result = publish_page();
+			batch_seen_completions = completions;
+			batch_seen_valid = (result == PAGE_EMPTY);
+		}
 		if (result == PAGE_EMPTY && restore_waiting_since != 0)
 			adopt_restored();
 		if (result == PAGE_EMPTY)
@@ -1274,9 +1302,12 @@ OutboxRelayMain(Datum main_arg)
 
 			/*
 			 * Replays queued by a transaction that woke nobody (a prepared
-			 * one) are found at the safety poll.
+			 * one) are found at the safety poll, if any transaction ended
+			 * since the queue was last seen empty.
 			 */
-			if (!idle_wait())
+			if (!idle_wait() &&
+				!(replay_seen_valid &&
+				  replay_seen_completions == OutboxXactCompletionCount()))
 				replays_due = true;
 		}
 		/* after a settled page the batch may have more: go on at once */

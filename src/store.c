@@ -47,9 +47,17 @@
 	" pg_catalog.pg_visible_in_snapshot(e.txid, $2)" \
 	" AND (" prev ")"
 
+/*
+ * Of prev's in-progress transactions only those that have ended visibly in
+ * cur are looked up: the rows of one still open (a large transaction, say)
+ * are not in the batch, and visiting them through the txid index at every
+ * poll would cost as much as the transaction is large.
+ */
 #define AFTER_PREV \
 	"e.txid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax($3)" \
-	" OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip($3)))"
+	" OR e.txid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT x" \
+	" FROM pg_catalog.pg_snapshot_xip($3) AS x" \
+	" WHERE pg_catalog.pg_visible_in_snapshot(x, $2)))"
 
 /*
  * The extent of a batch.  Run with plain index and sequential scans off:
@@ -355,8 +363,21 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	batch->remaining = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
 	if (batch->remaining == 0)
 	{
-		/* nothing left: keep prev, the next batch covers the same ground */
-		pfree(batch->cur);
+		/*
+		 * Nothing between prev and cur: in memory, prev moves to cur, so a
+		 * transaction still open in cur is in prev's in-progress list from
+		 * now on and its rows are not visited again until it ends.  The
+		 * stored prev stays where it is: resuming from it after a restart
+		 * covers this empty ground again, which is harmless.
+		 */
+		if (batch->last_id == 0)
+		{
+			if (batch->prev != NULL)
+				pfree(batch->prev);
+			batch->prev = batch->cur;
+		}
+		else
+			pfree(batch->cur);
 		batch->cur = NULL;
 		SPI_finish();
 		return false;

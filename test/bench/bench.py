@@ -14,6 +14,10 @@ it is compared with:
   latency     commit to delivery as a kcat consumer sees it, at 100 events/s
               and at half the drain rate, vs the baseline polling every 100 ms
   idle        queries, WAL and CPU of the relay over an idle minute
+  bigtx       one transaction emitting 300,000 events over 100 aggregates,
+              with outbox.aggregate_sequence on vs off
+  opentx      relay CPU per safety poll while a transaction holding 300,000
+              uncommitted events stays open, vs none open
   held xmin   drain rate while another session holds a transaction open
 """
 
@@ -35,7 +39,7 @@ QUICK = "--quick" in sys.argv
 # --sections=emit,drain,latency,idle,held runs a subset; latency without
 # drain takes the drain rate (and baseline batch) from --drain-rate=N,B
 SECTIONS = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--sections=")),
-                ["emit", "drain", "latency", "idle", "held"])
+                ["emit", "drain", "latency", "idle", "held", "bigtx", "opentx"])
 GIVEN_DRAIN = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--drain-rate=")),
                    None)
 SMOKE = "--smoke" in sys.argv      # checks the script itself, in a minute
@@ -45,6 +49,8 @@ AGGREGATES = 10_000
 EMIT_SECS = 2 if SMOKE else 8 if QUICK else 20
 LAT_SECS = 4 if SMOKE else 10 if QUICK else 20
 IDLE_SECS = 5 if SMOKE else 20 if QUICK else 60
+BIGTX_EVENTS = 30_000 if SMOKE else 300_000
+OPENTX_SECS = 5 if SMOKE else 10 if QUICK else 20
 BASELINE_BATCHES = [1000] if SMOKE else [1000, 5000] if QUICK else [500, 2000, 10000]
 PAD = "x" * 120            # with the other fields, about 200 bytes of JSON
 
@@ -67,7 +73,7 @@ class Server:
     def __init__(self, brokers):
         self.dir = tempfile.mkdtemp(prefix="outbox-bench.")
         os.chown(self.dir, PG.pw_uid, PG.pw_gid)
-        self.port = 5497
+        self.port = int(os.environ.get("OUTBOX_BENCH_PORT", "5497"))
         self.data = os.path.join(self.dir, "data")
         run_pg([f"{BINDIR}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres"])
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
@@ -420,6 +426,76 @@ def bench_idle(conn):
     set_conf(conn, "autovacuum", "on")
 
 
+# ------------------------------------------------------------------ bigtx
+
+def bench_bigtx(conn):
+    """One transaction emitting many events over 100 aggregates, with the
+    per-aggregate sequence off and on (relay paused: emit() alone)."""
+    set_conf(conn, "outbox.enabled", "off")
+    secs = {}
+    for seq in ("off", "on"):
+        set_conf(conn, "outbox.aggregate_sequence", seq)
+        q(conn, "VACUUM ANALYZE outbox.events")
+        t0 = time.time()
+        q(conn, f"""SELECT count(outbox.emit('bigtx', mod(g, 100)::text, 'bigtx.e',
+                       jsonb_build_object('n', g, 'pad', '{PAD}')))
+                     FROM generate_series(1, {BIGTX_EVENTS}) g""")
+        secs[seq] = time.time() - t0
+        row("bigtx", f"one transaction of {BIGTX_EVENTS:,} events, 100 aggregates, sequence {seq}",
+            f"{secs[seq]:.2f}", "s", "" if seq == "off" else f"{secs['on'] / secs['off']:.2f}")
+    set_conf(conn, "outbox.aggregate_sequence", "on")
+    target = published(conn) + 2 * BIGTX_EVENTS
+    set_conf(conn, "outbox.enabled", "on")
+    wait_published(conn, target)
+    set_conf(conn, "outbox.enabled", "off")
+
+
+# ----------------------------------------------------------------- opentx
+
+def bench_opentx(conn):
+    """Relay CPU per safety poll with no transaction open, with one holding
+    many uncommitted events, and with that one open while small unrelated
+    transactions commit at every poll (each poll then reads the bounds)."""
+    set_conf(conn, "outbox.enabled", "on")
+    # a 100 ms safety poll: enough polls for CPU ticks of 10 ms to resolve
+    set_conf(conn, "outbox.poll_interval", "100ms")
+    q(conn, "CREATE TABLE IF NOT EXISTS bench_ticks (n int)")
+    time.sleep(3)
+    pid = relay_pid(conn)
+    poll_ms = int(q1(conn, "SELECT setting FROM pg_settings WHERE name = 'outbox.poll_interval'"))
+    polls = OPENTX_SECS * 1000 / poll_ms
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def measure(ticking):
+        cpu0 = cpu_ticks(pid)
+        end = time.time() + OPENTX_SECS
+        while time.time() < end:
+            if ticking:
+                q(conn, "INSERT INTO bench_ticks VALUES (1)")
+            time.sleep(poll_ms / 1000)
+        return (cpu_ticks(pid) - cpu0) * 1000 / hz / polls
+
+    free = measure(False)
+    row("opentx", f"relay CPU per poll, no transaction open ({OPENTX_SECS} s)", f"{free:.2f}", "ms")
+    holder = psycopg2.connect(conn.dsn)
+    hc = holder.cursor()
+    hc.execute(f"""SELECT count(outbox.emit('opentx', mod(g, 100)::text, 'opentx.e',
+                      jsonb_build_object('n', g, 'pad', '{PAD}')))
+                    FROM generate_series(1, {BIGTX_EVENTS}) g""")
+    time.sleep(2)
+    held = measure(False)
+    row("opentx", f"relay CPU per poll, {BIGTX_EVENTS:,} uncommitted events open", f"{held:.2f}", "ms",
+        f"{held / free:.2f}" if free > 0 else "")
+    ticking = measure(True)
+    row("opentx", "same, other transactions committing at every poll", f"{ticking:.2f}", "ms",
+        f"{ticking / free:.2f}" if free > 0 else "")
+    holder.rollback()
+    holder.close()
+    q(conn, "DROP TABLE bench_ticks")
+    set_conf(conn, "outbox.poll_interval", "1s")
+    set_conf(conn, "outbox.enabled", "off")
+
+
 # --------------------------------------------------------------- held xmin
 
 def bench_held_xmin(conn):
@@ -476,6 +552,10 @@ def main():
             bench_idle(conn)
         if "held" in SECTIONS:
             bench_held_xmin(conn)
+        if "bigtx" in SECTIONS:
+            bench_bigtx(conn)
+        if "opentx" in SECTIONS:
+            bench_opentx(conn)
     finally:
         server.stop()
         broker.stop()
