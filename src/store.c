@@ -28,7 +28,6 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
@@ -167,11 +166,26 @@ set_args(Datum *values, char *nulls, const OutboxBatch *batch, int64 after)
 /*
  * OutboxStoreExtensionPresent
  *		Whether this database still has the extension.
+ *
+ * Read from pg_extension with a fresh snapshot, not through the catalog
+ * caches: DROP EXTENSION wakes the relay from its commit callback, which
+ * runs before the transaction's cache invalidations are sent, so a cached
+ * entry (PostgreSQL 18 caches extensions by name) could still say present.
  */
 bool
 OutboxStoreExtensionPresent(void)
 {
-	return OidIsValid(get_extension_oid("outbox", true));
+	bool		present;
+	int			rc;
+
+	SPI_connect();
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension x"
+					 " WHERE x.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not look for the extension: %s", SPI_result_code_string(rc));
+	present = SPI_processed == 1;
+	SPI_finish();
+	return present;
 }
 
 static char *
