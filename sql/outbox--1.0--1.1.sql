@@ -3,7 +3,7 @@
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.1'" to load this file. \quit
 
 /*
- * 1.0 adopted whatever schema "outbox" existed.  The SECURITY DEFINER
+ * 1.0 adopted whatever schema "outbox" existed.  The owner-rights
  * functions resolve their tables there: a schema that a non-superuser owns
  * (who can rename it and put another in its place) or where one may create
  * objects must be fixed before 1.1 is installed over it.

@@ -6,7 +6,7 @@
  * The schema comes from outbox.control.  CREATE EXTENSION makes it when it
  * is missing, but would adopt one that exists: refuse a schema that holds
  * anything or that a role other than a superuser owns, so nobody can plant
- * objects where the extension's SECURITY DEFINER functions look.
+ * objects where the extension's owner-rights functions look.
  */
 DO $$
 DECLARE
