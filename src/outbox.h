@@ -195,6 +195,31 @@ typedef struct OutboxDeliveryTally
 	uint64		latency[OUTBOX_LAT_NBUCKETS];
 } OutboxDeliveryTally;
 
+/*
+ * What a relay reports after a round: OutboxSlotReportRound adds it to its
+ * slot in one critical section.  Zero fields change nothing, except where
+ * said otherwise.
+ */
+#define OUTBOX_BROKERS_UNCHANGED (-2)
+typedef struct OutboxRoundReport
+{
+	int			pages;			/* pages read */
+	OutboxDeliveryTally delivered;	/* acknowledged, with their latency */
+	bool		batch_events;	/* delivered were the open batch's: they
+								 * leave the backlog now, not when the page
+								 * settles */
+	int			retries;		/* events sent again */
+	uint64		failures[4];	/* by OutboxErrorClass */
+	int			brokers_up;		/* -1 unknown; OUTBOX_BROKERS_UNCHANGED */
+	bool		set_backlog;	/* the four below replace the slot's */
+	bool		batch_opened;	/* backlog is now remaining + later commits */
+	int64		batch_remaining;
+	TimestampTz oldest_pending; /* 0 none, -1 keep the last one */
+	int			page_size;
+} OutboxRoundReport;
+
+extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
+
 extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
 extern void OutboxWakeRelay(Oid dboid, bool replay, int events);

@@ -760,6 +760,60 @@ OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 }
 
 /*
+ * OutboxSlotReportRound
+ *		Relay: one round's figures, added to its slot at once (see
+ *		OutboxRoundReport for what each field means).
+ */
+void
+OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
+{
+	const OutboxDeliveryTally *t = &r->delivered;
+	TimestampTz now = GetCurrentTimestamp();
+	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
+	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
+	int			b;
+
+	SpinLockAcquire(&slot->mutex);
+	slot->pages += r->pages;
+	slot->retries += r->retries;
+	for (b = 0; b < lengthof(slot->failures); b++)
+		slot->failures[b] += r->failures[b];
+	if (r->brokers_up != OUTBOX_BROKERS_UNCHANGED)
+		slot->brokers_up = r->brokers_up;
+	if (t->events > 0)
+	{
+		if (w->period != period)
+		{
+			memset(w, 0, sizeof(OutboxWindow));
+			w->period = period;
+		}
+		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
+		{
+			slot->latency[b] += t->latency[b];
+			w->latency[b] += t->latency[b];
+		}
+		slot->latency_sum += t->latency_sum;
+		slot->published += t->events;
+		slot->published_bytes += t->bytes;
+		w->events += t->events;
+		w->bytes += t->bytes;
+		slot->last_delivery = now;
+		if (r->batch_events)
+			slot->batch_remaining = Max(slot->batch_remaining - (int64) t->events, 0);
+	}
+	if (r->set_backlog)
+	{
+		if (r->batch_opened)
+			slot->committed_at_open = slot->committed_events;
+		slot->batch_remaining = Max(r->batch_remaining, 0);
+		if (r->oldest_pending >= 0)
+			slot->oldest_pending = r->oldest_pending;
+		slot->page_size = r->page_size;
+	}
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
  * OutboxSlotSetBacklog
  *		Relay: where it stands.  remaining: events of the open batch not yet
  *		settled; batch_opened: the batch was just opened (or found empty), so
