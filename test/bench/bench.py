@@ -397,9 +397,30 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def thread_ticks(pid):
+    """CPU ticks of each thread of pid, by thread name (librdkafka's are rdk:...)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
 def bench_idle(conn):
     set_conf(conn, "outbox.enabled", "on")
-    time.sleep(3)
+    # the minute starts once the relay has published what earlier sections
+    # left and settled: idle, nothing pending, nothing sent for 5 s
+    for _ in range(600):
+        st = q(conn, "SELECT state, backlog, last_delivery_at FROM outbox.status()")[0]
+        if st[0] == "idle" and st[1] == 0 and (st[2] is None or q1(conn, "SELECT now() - %s > interval '5 s'", st[2])):
+            break
+        time.sleep(1)
     pid = relay_pid(conn)
     # autovacuum would still be cleaning up after the drains: WAL counts
     # the whole server, so keep it out of the idle minute
@@ -408,9 +429,9 @@ def bench_idle(conn):
     q(conn, "SELECT pg_stat_statements_reset()")
     q(conn, "SELECT pg_stat_reset_shared('wal')")
     wal0 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
-    cpu0 = cpu_ticks(pid)
+    cpu0, threads0 = cpu_ticks(pid), thread_ticks(pid)
     time.sleep(IDLE_SECS)
-    cpu1 = cpu_ticks(pid)
+    cpu1, threads1 = cpu_ticks(pid), thread_ticks(pid)
     wal1 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
     calls = q(conn, """SELECT coalesce(sum(calls), 0), count(*) FROM pg_stat_statements s
                         JOIN pg_database d ON d.oid = s.dbid
@@ -420,8 +441,12 @@ def bench_idle(conn):
     row("idle", f"relay statements over {IDLE_SECS} s idle", fmt(calls[0]), "calls", "",
         f"{calls[1]} distinct; {polls:.0f} safety polls")
     row("idle", f"WAL written over {IDLE_SECS} s idle", fmt(wal1 - wal0), "bytes")
+    per = {n: (threads1[n] - threads0.get(n, 0)) * 1000 / hz for n in threads1}
+    rdk = sum(v for n, v in per.items() if n.startswith("rdk:"))
+    busiest = max((n for n in per if n.startswith("rdk:")), key=lambda n: per[n], default="none")
     row("idle", f"relay CPU over {IDLE_SECS} s idle", f"{(cpu1 - cpu0) * 1000 / hz:.0f}", "ms",
-        "", "the process, with librdkafka's threads")
+        "", f"the process: relay thread {sum(v for n, v in per.items() if not n.startswith('rdk:')):.0f} ms,"
+            f" librdkafka threads {rdk:.0f} ms ({busiest} {per.get(busiest, 0):.0f} ms)")
     set_conf(conn, "outbox.enabled", "off")
     set_conf(conn, "autovacuum", "on")
 
