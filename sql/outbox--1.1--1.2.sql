@@ -5,9 +5,12 @@
 /*
  * 1.2 writes once what replay(), discard() and cleanup() shared: the
  * "delivered and not held" predicate, the opening lock of replay(event_id)
- * and discard(event_id), and the release of parked events; cleanup() reads
+ * and discard(event_id), and the release of parked events; cleanup() takes
  * outbox.retention's default from the library instead of repeating it.
- * Their behaviour, results and errors are unchanged.
+ * Their results and error messages are unchanged.  One difference: in a
+ * session that has not loaded the library (no shared_preload_libraries),
+ * cleanup() used 7 days whatever outbox.retention said; it now loads the
+ * library and uses the setting.
  */
 
 /*
