@@ -117,3 +117,12 @@ SELECT t.plan_has($$SELECT e.id FROM outbox.removable_events(now()) e ORDER BY e
 				  'Function Scan') AS removable_not_inlined,
 	   t.plan_has($$SELECT e.id FROM outbox.delivered_events() e$$,
 				  'Function Scan') AS delivered_not_inlined;
+
+-- outbox.retention and its default live in the library only: in a session
+-- that has not loaded it, cleanup() loads it to read the setting (the aged
+-- c9, delivered now, is past it)
+UPDATE outbox.relay_progress SET prev_snapshot = pg_current_snapshot();
+\c
+SELECT count(*) AS retention_defined FROM pg_settings WHERE name = 'outbox.retention';
+SELECT events, deleted FROM outbox.cleanup();
+SELECT setting AS retention FROM pg_settings WHERE name = 'outbox.retention';
