@@ -1,10 +1,10 @@
 # outbox: PGXS build.  The version lives in outbox.control only.
 
 EXTENSION = outbox
-EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/emit.o src/launcher.o src/relay.o \
-	src/store.o src/kafka.o src/status.o src/probe.o
+	src/store.o src/store_dead.o src/store_upkeep.o src/kafka.o src/status.o \
+	src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
@@ -36,6 +36,7 @@ PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared header (PGXS tracks no header)
 $(OBJS): src/outbox.h src/compat.h
+src/store.o src/store_dead.o src/store_upkeep.o: src/store.h
 
 test-broker:
 	$(MAKE) -C test/broker

@@ -96,3 +96,33 @@ SELECT outbox.emit('cart', 'c9', 'cart.opened', '{}') IS NOT NULL AS emitted;
 UPDATE outbox.events SET created_at = now() - interval '8 days' WHERE aggregate_id = 'c9';
 SELECT events FROM outbox.cleanup(false);
 SELECT count(*) AS undelivered_kept FROM outbox.events WHERE aggregate_id = 'c9';
+
+-- the predicates replay(since, until) and cleanup() share are SQL functions
+-- the planner inlines into their queries: no function scan, so cleanup's
+-- batch stays an index walk with a LIMIT
+CREATE FUNCTION t.plan_has(q text, node text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+	line text;
+BEGIN
+	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+		IF line LIKE '%' || node || '%' THEN
+			RETURN true;
+		END IF;
+	END LOOP;
+	RETURN false;
+END
+$$;
+SELECT t.plan_has($$SELECT e.id FROM outbox.removable_events(now()) e ORDER BY e.id LIMIT 10$$,
+				  'Function Scan') AS removable_not_inlined,
+	   t.plan_has($$SELECT e.id FROM outbox.delivered_events() e$$,
+				  'Function Scan') AS delivered_not_inlined;
+
+-- outbox.retention and its default live in the library only: in a session
+-- that has not loaded it, cleanup() loads it to read the setting (the aged
+-- c9, delivered now, is past it)
+UPDATE outbox.relay_progress SET prev_snapshot = pg_current_snapshot();
+\c
+SELECT count(*) AS retention_defined FROM pg_settings WHERE name = 'outbox.retention';
+SELECT events, deleted FROM outbox.cleanup();
+SELECT setting AS retention FROM pg_settings WHERE name = 'outbox.retention';

@@ -316,7 +316,6 @@ typedef struct OutboxEvent
 
 	/* replay pages only */
 	int64		queue_position;
-	bool		dead_letter;
 } OutboxEvent;
 
 #define OUTBOX_EVENT_PENDING		0
@@ -346,7 +345,7 @@ extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
 
-/* store.c */
+/* store.c, store_dead.c, store_upkeep.c: the relay's SQL */
 
 /*
  * The relay's position.  prev: snapshot in which every committed event is

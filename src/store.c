@@ -1,27 +1,31 @@
 /*-------------------------------------------------------------------------
  *
  * store.c
- *		Every SQL statement a relay runs: progress, batch bounds, pages.
+ *		The relay's batch path in SQL: its progress row, batch bounds, pages
+ *		of events and pages of the replay queue.
+ *
+ * The relay's other statements are in store_dead.c (dead letters and the
+ * replay queue) and store_upkeep.c (cleanup, restored events).
  *
  * Invariants:
  *	- Called inside a transaction the relay opened; never starts, commits
  *	  or aborts one.  Each function connects to SPI and disconnects.
- *	- Event rows are only read.  The only write is the relay's progress
- *	  row, once per acknowledged page.
+ *	- Here event rows, dead letters and the replay queue are only read.
+ *	  The one write is the relay's progress row: created when missing
+ *	  (OutboxStoreLoadProgress) and moved once per acknowledged page
+ *	  (OutboxStoreSavePage).
  *	- A batch is the set of events whose txid is visible in snapshot cur
  *	  and not in prev.  An event invisible in prev has its txid in prev's
  *	  in-progress list or at or above prev's xmax, which is what lets the
  *	  txid index find the batch without scanning from an old xmin.
  *	- Pages go out in id order; for one aggregate id order is commit order.
+ *	  Replay pages go out in queue order.
  *	- A page is bounded by outbox.batch_size events and, past its first
  *	  event, by outbox.batch_max_bytes of payload, keys and headers; rows
  *	  come through a cursor a chunk at a time, so neither SPI nor the page
  *	  ever holds more than that.
- *	- An event is recorded as parked only if its head's dead letter, read
- *	  and locked in the recording transaction, still holds it back
- *	  (quarantined or parked); otherwise it joins the replay queue.  So a
- *	  replay() or discard() of the head, however it races with the relay,
- *	  leaves no event parked behind a head that is gone.
+ *	- Statements name only objects every installed version has (1.0 on),
+ *	  so a database not yet updated to the library's version still relays.
  *
  *-------------------------------------------------------------------------
  */
@@ -40,6 +44,7 @@
 #include "utils/uuid.h"
 
 #include "outbox.h"
+#include "store.h"
 
 /* $2: cur, $3: prev; before the first batch (no prev) it is all of cur */
 #define BATCH_OF(prev) \
@@ -110,6 +115,55 @@ static const char *const query_text[Q_COUNT] = {
 
 static SPIPlanPtr plans[Q_COUNT];
 
+/*
+ * OutboxStorePrepare
+ *		Prepare one of the relay's statements and keep the plan for the
+ *		life of the process; the caller holds it in a static and prepares
+ *		only while that is NULL.  Must run inside SPI.  A statement of ours
+ *		that does not prepare is a bug, hence elog; what names it there.
+ */
+SPIPlanPtr
+OutboxStorePrepare(const char *sql, int nargs, Oid *types, const char *what)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, types);
+
+	if (plan == NULL)
+		elog(ERROR, "could not prepare %s: %s", what,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/*
+ * OutboxStoreRun
+ *		Run one of the relay's statements, without parameters, inside SPI;
+ *		anything but the expected SPI_OK_* code is a bug, hence elog: "could
+ *		not <what>".  The result is in SPI_tuptable and SPI_processed.
+ */
+void
+OutboxStoreRun(const char *sql, bool read_only, long count, int expected,
+			   const char *what)
+{
+	int			rc = SPI_execute(sql, read_only, count);
+
+	if (rc != expected)
+		elog(ERROR, "could not %s: %s", what, SPI_result_code_string(rc));
+}
+
+/*
+ * OutboxStoreRow
+ *		Run a read-only statement that returns exactly one row, inside SPI,
+ *		and return that row (SPI_tuptable->tupdesc describes it).
+ */
+HeapTuple
+OutboxStoreRow(const char *sql, const char *what)
+{
+	OutboxStoreRun(sql, true, 1, SPI_OK_SELECT, what);
+	if (SPI_processed != 1)
+		elog(ERROR, "could not %s: %d rows", what, (int) SPI_processed);
+	return SPI_tuptable->vals[0];
+}
+
 static SPIPlanPtr
 get_plan(int q)
 {
@@ -117,13 +171,8 @@ get_plan(int q)
 	{
 		Oid			types[QUERY_NARGS] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID,
 		INT8OID, INT4OID};
-		SPIPlanPtr	plan = SPI_prepare(query_text[q], QUERY_NARGS, types);
 
-		if (plan == NULL)
-			elog(ERROR, "could not prepare relay query: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		plans[q] = plan;
+		plans[q] = OutboxStorePrepare(query_text[q], QUERY_NARGS, types, "relay query");
 	}
 	return plans[q];
 }
@@ -176,13 +225,11 @@ bool
 OutboxStoreExtensionPresent(void)
 {
 	bool		present;
-	int			rc;
 
 	SPI_connect();
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension x"
-					 " WHERE x.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look for the extension: %s", SPI_result_code_string(rc));
+	OutboxStoreRun("SELECT 1 FROM pg_catalog.pg_extension x"
+				   " WHERE x.extname OPERATOR(pg_catalog.=) 'outbox'",
+				   true, 1, SPI_OK_SELECT, "look for the extension");
 	present = SPI_processed == 1;
 	SPI_finish();
 	return present;
@@ -211,7 +258,6 @@ getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
 void
 OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 {
-	int			rc;
 	HeapTuple	tup;
 	TupleDesc	desc;
 	bool		isnull;
@@ -220,114 +266,20 @@ OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 	memset(batch, 0, sizeof(OutboxBatch));
 	SPI_connect();
 	/* a deleted progress row resets the relay: it re-sends what is kept */
-	rc = SPI_execute("INSERT INTO outbox.relay_progress (relay) SELECT 'default' WHERE NOT EXISTS"
-					 " (SELECT 1 FROM outbox.relay_progress p"
-					 "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')", false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "could not create relay progress: %s", SPI_result_code_string(rc));
-	rc = SPI_execute("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id"
-					 " FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
-					 true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "could not read relay progress: %s", SPI_result_code_string(rc));
-	tup = SPI_tuptable->vals[0];
+	OutboxStoreRun("INSERT INTO outbox.relay_progress (relay) SELECT 'default' WHERE NOT EXISTS"
+				   " (SELECT 1 FROM outbox.relay_progress p"
+				   "  WHERE p.relay OPERATOR(pg_catalog.=) 'default')",
+				   false, 0, SPI_OK_INSERT, "create relay progress");
+	tup = OutboxStoreRow("SELECT p.prev_snapshot::text, p.batch_snapshot::text, p.batch_last_id"
+						 " FROM outbox.relay_progress p"
+						 " WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
+						 "read relay progress");
 	desc = SPI_tuptable->tupdesc;
 	batch->prev = getstr(tup, desc, 1, cxt);
 	batch->cur = getstr(tup, desc, 2, cxt);
 	d = SPI_getbinval(tup, desc, 3, &isnull);
 	batch->last_id = isnull ? 0 : DatumGetInt64(d);
 	SPI_finish();
-}
-
-/*
- * Whether restored event e (original txid r.txid) was delivered according
- * to restored progress row f: in its delivered snapshot, or in the
- * acknowledged part of its batch.
- */
-#define DELIVERED_BY(f) \
-	"(coalesce(pg_catalog.pg_visible_in_snapshot(r.txid, " f ".prev_snapshot), false)" \
-	" OR coalesce(e.id OPERATOR(pg_catalog.<=) " f ".batch_last_id" \
-	"  AND pg_catalog.pg_visible_in_snapshot(r.txid, " f ".batch_snapshot), false))"
-
-/*
- * OutboxStoreAdoptRestored
- *		Publish what a restore brought in and had not delivered.
- *
- * A restore's event rows arrive re-stamped out of every batch, their
- * original txids in outbox.restored_events, and its progress row under a
- * name other than 'default' (see outbox--1.1.sql).  When both are in, each
- * restored event not delivered according to the restored progress (or to
- * any of them, if several) and not a dead letter gets the current
- * transaction's id, so the batch after this commit publishes it, in id
- * order; the rest stay delivered.  Then both go.  With force, events
- * without any restored progress row (a dump taken without it) are all
- * published.  Runs in the caller's transaction, which holds a lock on the
- * log that waits out a restore's COPY still in progress.  Returns how many
- * events were re-stamped, -1 when there is nothing to adopt, -2 when
- * restored events wait for their progress row.
- */
-int64
-OutboxStoreAdoptRestored(bool force)
-{
-	int			rc;
-	bool		isnull;
-	bool		have_events;
-	bool		have_progress;
-	int64		published;
-
-	SPI_connect();
-	rc = SPI_execute("SELECT pg_catalog.to_regclass('outbox.restored_events') IS NOT NULL", true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "could not look for restored events: %s", SPI_result_code_string(rc));
-	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
-	{
-		/* a 1.0 database on this library, before ALTER EXTENSION UPDATE */
-		SPI_finish();
-		return -1;
-	}
-	rc = SPI_execute("SELECT EXISTS (SELECT 1 FROM outbox.restored_events),"
-					 " EXISTS (SELECT 1 FROM outbox.relay_progress p"
-					 "  WHERE p.relay OPERATOR(pg_catalog.<>) 'default')", true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "could not look for restored events: %s", SPI_result_code_string(rc));
-	have_events = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											 SPI_tuptable->tupdesc, 1, &isnull));
-	have_progress = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc, 2, &isnull));
-	if (!have_events || (!have_progress && !force))
-	{
-		SPI_finish();
-		return have_events ? -2 : -1;
-	}
-
-	/* a COPY still loading events or dead letters finishes first */
-	rc = SPI_execute("LOCK TABLE outbox.events, outbox.dead_letters, outbox.relay_progress"
-					 " IN SHARE MODE", false, 0);
-	if (rc != SPI_OK_UTILITY)
-		elog(ERROR, "could not lock the log: %s", SPI_result_code_string(rc));
-	rc = SPI_execute("UPDATE outbox.events e SET txid = pg_catalog.pg_current_xact_id()"
-					 " FROM outbox.restored_events r"
-					 " WHERE r.id OPERATOR(pg_catalog.=) e.id"
-					 " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d"
-					 "  WHERE d.event_pk OPERATOR(pg_catalog.=) e.id)"
-					 " AND (NOT EXISTS (SELECT 1 FROM outbox.relay_progress f"
-					 "   WHERE f.relay OPERATOR(pg_catalog.<>) 'default')"
-					 "  OR EXISTS (SELECT 1 FROM outbox.relay_progress f"
-					 "   WHERE f.relay OPERATOR(pg_catalog.<>) 'default'"
-					 "   AND NOT " DELIVERED_BY("f") "))",
-					 false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "could not publish restored events: %s", SPI_result_code_string(rc));
-	published = (int64) SPI_processed;
-	rc = SPI_execute("DELETE FROM outbox.restored_events", false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "could not forget restored events: %s", SPI_result_code_string(rc));
-	rc = SPI_execute("DELETE FROM outbox.relay_progress p"
-					 " WHERE p.relay OPERATOR(pg_catalog.<>) 'default'", false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "could not drop restored progress: %s", SPI_result_code_string(rc));
-	SPI_finish();
-	return published;
 }
 
 /*
@@ -351,10 +303,9 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	SPI_connect();
 	if (batch->cur == NULL)
 	{
-		rc = SPI_execute("SELECT pg_catalog.pg_current_snapshot()::text", true, 1);
-		if (rc != SPI_OK_SELECT || SPI_processed != 1)
-			elog(ERROR, "could not take a snapshot: %s", SPI_result_code_string(rc));
-		batch->cur = getstr(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, cxt);
+		tup = OutboxStoreRow("SELECT pg_catalog.pg_current_snapshot()::text",
+							 "take a snapshot");
+		batch->cur = getstr(tup, SPI_tuptable->tupdesc, 1, cxt);
 		batch->last_id = 0;
 	}
 
@@ -403,36 +354,33 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	return true;
 }
 
-/* Caller headers: a JSON object of strings, checked by emit(). */
+/*
+ * decode_headers
+ *		The caller's headers, a JSON object of strings (emit() checked it),
+ *		into ev's name and value arrays: one allocation, names first.
+ */
 static void
 decode_headers(OutboxEvent *ev, Jsonb *jb)
 {
-	JsonbIterator *it;
+	int			n = JB_ROOT_COUNT(jb);
+	char	  **strings = palloc(sizeof(char *) * 2 * Max(n, 1));
+	JsonbIterator *it = JsonbIteratorInit(&jb->root);
 	JsonbValue	v;
 	JsonbIteratorToken tok;
-	int			n = JB_ROOT_COUNT(jb);
-	int			i = 0;
+	int			keys = 0;
+	int			values = 0;
 
-	ev->header_names = palloc(sizeof(char *) * Max(n, 1));
-	ev->header_values = palloc(sizeof(char *) * Max(n, 1));
-	it = JsonbIteratorInit(&jb->root);
+	ev->header_names = strings;
+	ev->header_values = strings + Max(n, 1);
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
-		if (tok == WJB_KEY && i < n)
-			ev->header_names[i] = pnstrdup(v.val.string.val, v.val.string.len);
-		else if (tok == WJB_VALUE && i < n)
-		{
-			ev->header_values[i++] = (v.type == jbvString) ?
+		if (tok == WJB_KEY && keys < n)
+			ev->header_names[keys++] = pnstrdup(v.val.string.val, v.val.string.len);
+		else if (tok == WJB_VALUE && values < n)
+			ev->header_values[values++] = (v.type == jbvString) ?
 				pnstrdup(v.val.string.val, v.val.string.len) : pstrdup("");
-		}
 	}
-	ev->nheaders = i;
-}
-
-static char *
-text_copy(Datum d)
-{
-	return TextDatumGetCString(d);
+	ev->nheaders = values;
 }
 
 /* 8-4-4-4-12 lower-case hex, as uuid_out writes it */
@@ -471,30 +419,31 @@ format_timestamp(TimestampTz ts)
 
 /*
  * decode_event
- *		Copy one row of EVENT_COLUMNS into *ev.  The caller has switched to
- *		the page's memory context, where everything is allocated.
+ *		Copy one row of EVENT_COLUMNS (and a replay's queue position) into
+ *		*ev.  The caller has switched to the page's memory context, where
+ *		everything is allocated.
  */
 static void
 decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 {
-	/* a replay row has two more columns, read by the caller */
-	Datum		v[EVENT_NCOLUMNS + 2];
-	bool		isnull[EVENT_NCOLUMNS + 2];
+	/* a replay row has one more column: its queue position */
+	Datum		v[EVENT_NCOLUMNS + 1];
+	bool		isnull[EVENT_NCOLUMNS + 1];
 	Jsonb	   *payload;
 	StringInfoData json;
 
-	Assert(desc->natts <= EVENT_NCOLUMNS + 2);
+	Assert(desc->natts <= EVENT_NCOLUMNS + 1);
 	heap_deform_tuple(tup, desc, v, isnull);
 	ev->id = DatumGetInt64(v[0]);
 	ev->event_id = format_uuid(DatumGetUUIDP(v[1]));
-	ev->aggregate_type = text_copy(v[2]);
-	ev->aggregate_id = text_copy(v[3]);
+	ev->aggregate_type = TextDatumGetCString(v[2]);
+	ev->aggregate_id = TextDatumGetCString(v[3]);
 	ev->has_seq = !isnull[4];
 	ev->seq = isnull[4] ? 0 : DatumGetInt64(v[4]);
-	ev->event_type = text_copy(v[5]);
+	ev->event_type = TextDatumGetCString(v[5]);
 	ev->schema_version = DatumGetInt32(v[6]);
-	ev->topic = text_copy(v[7]);
-	ev->key = text_copy(v[8]);
+	ev->topic = TextDatumGetCString(v[7]);
+	ev->key = TextDatumGetCString(v[8]);
 	payload = DatumGetJsonbP(v[9]);
 	initStringInfo(&json);
 	ev->payload = JsonbToCString(&json, &payload->root, VARSIZE(payload));
@@ -504,10 +453,12 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 		pfree(payload);
 	if (!isnull[10])
 		decode_headers(ev, DatumGetJsonbP(v[10]));
-	ev->tenant = isnull[11] ? NULL : text_copy(v[11]);
-	ev->traceparent = isnull[12] ? NULL : text_copy(v[12]);
+	ev->tenant = isnull[11] ? NULL : TextDatumGetCString(v[11]);
+	ev->traceparent = isnull[12] ? NULL : TextDatumGetCString(v[12]);
 	ev->occurred_at = format_timestamp(DatumGetTimestampTz(v[13]));
 	ev->created_at = DatumGetTimestampTz(v[14]);
+	if (desc->natts > EVENT_NCOLUMNS)
+		ev->queue_position = DatumGetInt64(v[EVENT_NCOLUMNS]);
 	ev->disposition = OUTBOX_EVENT_PENDING;
 	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
 }
@@ -539,7 +490,7 @@ event_bytes(const OutboxEvent *ev)
 /*
  * fetch_events
  *		Decode the rows of portal (EVENT_COLUMNS, then for replays the queue
- *		position and dead letter flag) into an array allocated in cxt, a
+ *		position) into an array allocated in cxt, a
  *		chunk of rows at a time, until limit events or until the next one
  *		would take the page past max_bytes (event_bytes); the first event
  *		is always taken, however large.  *cut says the page ended on bytes
@@ -592,13 +543,6 @@ fetch_events(Portal portal, int limit, int64 max_bytes,
 				*cut = true;
 				break;
 			}
-			if (desc->natts > EVENT_NCOLUMNS)
-			{
-				bool		isnull;
-
-				ev->queue_position = DatumGetInt64(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 1, &isnull));
-				ev->dead_letter = DatumGetBool(SPI_getbinval(tup, desc, EVENT_NCOLUMNS + 2, &isnull));
-			}
 			bytes += size;
 			n++;
 		}
@@ -641,6 +585,23 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 	return n;
 }
 
+/* $1: the batch's snapshot, $2: events acknowledged, $3: the last id */
+#define SAVE_BATCH_SQL \
+	"UPDATE outbox.relay_progress SET" \
+	" prev_snapshot = $1::pg_catalog.pg_snapshot," \
+	" batch_snapshot = NULL, batch_last_id = NULL," \
+	" published = published OPERATOR(pg_catalog.+) $2," \
+	" batches = batches OPERATOR(pg_catalog.+) 1," \
+	" updated_at = pg_catalog.now()" \
+	" WHERE relay = 'default'"
+#define SAVE_PAGE_SQL \
+	"UPDATE outbox.relay_progress SET" \
+	" batch_snapshot = $1::pg_catalog.pg_snapshot," \
+	" batch_last_id = $3," \
+	" published = published OPERATOR(pg_catalog.+) $2," \
+	" updated_at = pg_catalog.now()" \
+	" WHERE relay = 'default'"
+
 /*
  * OutboxStoreSavePage
  *		Record that every event of the batch up to last_id is acknowledged;
@@ -659,30 +620,9 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 	if (*planp == NULL)
 	{
 		Oid			types[3] = {TEXTOID, INT8OID, INT8OID};
-		SPIPlanPtr	plan;
 
-		if (batch_done)
-			plan = SPI_prepare("UPDATE outbox.relay_progress SET"
-							   " prev_snapshot = $1::pg_catalog.pg_snapshot,"
-							   " batch_snapshot = NULL, batch_last_id = NULL,"
-							   " published = published OPERATOR(pg_catalog.+) $2,"
-							   " batches = batches OPERATOR(pg_catalog.+) 1,"
-							   " updated_at = pg_catalog.now()"
-							   " WHERE relay = 'default'",
-							   3, types);
-		else
-			plan = SPI_prepare("UPDATE outbox.relay_progress SET"
-							   " batch_snapshot = $1::pg_catalog.pg_snapshot,"
-							   " batch_last_id = $3,"
-							   " published = published OPERATOR(pg_catalog.+) $2,"
-							   " updated_at = pg_catalog.now()"
-							   " WHERE relay = 'default'",
-							   3, types);
-		if (plan == NULL)
-			elog(ERROR, "could not prepare progress update: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		*planp = plan;
+		*planp = OutboxStorePrepare(batch_done ? SAVE_BATCH_SQL : SAVE_PAGE_SQL,
+									3, types, "progress update");
 	}
 	values[0] = CStringGetTextDatum(cur);
 	values[1] = Int64GetDatum(count);
@@ -691,204 +631,6 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 	if (rc != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "could not save relay progress: %s", SPI_result_code_string(rc));
 	SPI_finish();
-}
-
-/*
- * head_holds
- *		Whether the head an event was parked behind still holds it back:
- *		its dead letter is quarantined (or parked itself).  Answered from the
- *		database, not from the relay's blocked list, which may predate a
- *		replay() or discard() that committed while the page was in flight.
- *		The head's row stays locked until the caller's transaction ends, so
- *		a replay() or discard() of it either committed before (and is seen
- *		here) or waits for this transaction, and then finds the parked row.
- *		A head without a dead letter holds nothing back.
- */
-static bool
-head_holds(const char *head)
-{
-	static SPIPlanPtr plan = NULL;
-	Datum		values[1];
-	bool		isnull;
-	char	   *state;
-	bool		holds;
-
-	if (plan == NULL)
-	{
-		Oid			types[1] = {TEXTOID};
-
-		plan = SPI_prepare("SELECT d.state FROM outbox.dead_letters d"
-						   " WHERE d.event_id OPERATOR(pg_catalog.=) $1::uuid FOR SHARE",
-						   1, types);
-		if (plan == NULL)
-			elog(ERROR, "could not prepare head lookup: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-	}
-	values[0] = CStringGetTextDatum(head);
-	if (SPI_execute_plan(plan, values, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not look up dead letter %s", head);
-	if (SPI_processed == 0)
-		return false;
-	state = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1, &isnull));
-	holds = strcmp(state, "quarantined") == 0 || strcmp(state, "parked") == 0;
-	pfree(state);
-	return holds;
-}
-
-/*
- * OutboxStoreRecordDeadLetters
- *		Record the quarantined and parked events of a page (with a copy of
- *		each envelope).  A parked event whose head no longer holds it back
- *		(replayed, discarded, or queued for replay since the page was sent;
- *		see head_holds) joins the replay queue instead, behind its head.
- *		Runs in the transaction that saves the page.  Events come in id
- *		order, so a head quarantined in the same page is recorded before
- *		what parks behind it.  Returns how many were queued.
- */
-int
-OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
-{
-	static SPIPlanPtr insert_plan = NULL;
-	static SPIPlanPtr queue_plan = NULL;
-	int			i;
-	int			queued = 0;
-	const char *last_head = NULL;	/* the head last asked about */
-	bool		last_holds = false;
-
-	SPI_connect();
-	if (insert_plan == NULL)
-	{
-		Oid			types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID,
-		INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-
-		insert_plan = SPI_prepare(
-								  "INSERT INTO outbox.dead_letters AS d (event_id, event_pk, aggregate_type,"
-								  " aggregate_id, seq, event_type, topic, state, blocked_by, error_class,"
-								  " last_error, attempts, first_failed_at, last_failed_at, envelope)"
-								  " SELECT e.event_id, e.id, e.aggregate_type, e.aggregate_id, e.seq,"
-								  " e.event_type, e.topic, $2, $3::uuid, $4, $5, $6, $7, $8, pg_catalog.to_jsonb(e)"
-								  " FROM outbox.events e WHERE e.id OPERATOR(pg_catalog.=) $1"
-								  " ON CONFLICT (event_id) DO UPDATE SET state = excluded.state,"
-								  " event_pk = excluded.event_pk,"
-								  " blocked_by = excluded.blocked_by,"
-								  " error_class = COALESCE(excluded.error_class, d.error_class),"
-								  " last_error = COALESCE(excluded.last_error, d.last_error),"
-								  " attempts = d.attempts OPERATOR(pg_catalog.+) excluded.attempts,"
-								  " last_failed_at = COALESCE(excluded.last_failed_at, d.last_failed_at),"
-								  " quarantined_at = pg_catalog.now(), resolved_at = NULL",
-								  8, types);
-		if (insert_plan == NULL)
-			elog(ERROR, "could not prepare dead letter insert: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(insert_plan);
-	}
-	if (queue_plan == NULL)
-	{
-		Oid			types[1] = {INT8OID};
-
-		queue_plan = SPI_prepare("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
-								 " VALUES ($1, true)", 1, types);
-		if (queue_plan == NULL)
-			elog(ERROR, "could not prepare replay queue insert: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(queue_plan);
-	}
-
-	for (i = 0; i < n; i++)
-	{
-		OutboxEvent *ev = &events[i];
-		Datum		values[8];
-		char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-		const char *state;
-		const char *cls = ev->last_class == OUTBOX_ERROR_NONE ? NULL :
-			OutboxErrorClassName(ev->last_class);
-		bool		requeue = false;
-
-		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
-			state = "quarantined";
-		else if (ev->disposition == OUTBOX_EVENT_PARKED)
-		{
-			if (ev->blocked_by != NULL &&
-				(last_head == NULL || strcmp(last_head, ev->blocked_by) != 0))
-			{
-				last_head = ev->blocked_by;
-				last_holds = head_holds(last_head);
-			}
-			requeue = ev->blocked_by == NULL || !last_holds;
-			state = requeue ? "replaying" : "parked";
-		}
-		else
-			continue;
-
-		values[0] = Int64GetDatum(ev->id);
-		values[1] = CStringGetTextDatum(state);
-		if (ev->blocked_by != NULL)
-			values[2] = CStringGetTextDatum(ev->blocked_by);
-		else
-			nulls[2] = 'n';
-		if (cls != NULL && ev->attempts > 0)
-		{
-			values[3] = CStringGetTextDatum(cls);
-			values[4] = CStringGetTextDatum(OutboxDeliveryErrorText(ev->last_err, ev->last_err_local));
-			values[6] = TimestampTzGetDatum(ev->first_failed_at);
-			values[7] = TimestampTzGetDatum(ev->last_failed_at);
-		}
-		else
-			nulls[3] = nulls[4] = nulls[6] = nulls[7] = 'n';
-		values[5] = Int32GetDatum(ev->attempts);
-
-		if (SPI_execute_plan(insert_plan, values, nulls, false, 0) != SPI_OK_INSERT)
-			elog(ERROR, "could not record dead letter for event %s", ev->event_id);
-		if (requeue)
-		{
-			if (SPI_execute_plan(queue_plan, values, NULL, false, 0) != SPI_OK_INSERT)
-				elog(ERROR, "could not queue parked event %s", ev->event_id);
-			queued++;
-		}
-	}
-	SPI_finish();
-	return queued;
-}
-
-/*
- * OutboxStoreLoadBlocked
- *		The aggregates whose events must wait: those with a quarantined,
- *		parked or replaying dead letter.  The head is the earliest.
- */
-List *
-OutboxStoreLoadBlocked(MemoryContext cxt)
-{
-	List	   *result = NIL;
-	uint64		i;
-	int			rc;
-
-	SPI_connect();
-	rc = SPI_execute("SELECT DISTINCT ON (aggregate_type, aggregate_id)"
-					 " aggregate_type, aggregate_id,"
-					 " COALESCE(blocked_by, event_id)::text"
-					 " FROM outbox.dead_letters"
-					 " WHERE state IN ('quarantined', 'parked', 'replaying')"
-					 " ORDER BY aggregate_type, aggregate_id, event_pk",
-					 true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not read dead letters: %s", SPI_result_code_string(rc));
-	for (i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		MemoryContext old = MemoryContextSwitchTo(cxt);
-		OutboxBlocked *b = palloc(sizeof(OutboxBlocked));
-
-		b->aggregate_type = getstr(tup, desc, 1, cxt);
-		b->aggregate_id = getstr(tup, desc, 2, cxt);
-		b->head = getstr(tup, desc, 3, cxt);
-		result = lappend(result, b);
-		MemoryContextSwitchTo(old);
-	}
-	SPI_finish();
-	return result;
 }
 
 /*
@@ -908,7 +650,7 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 	SPI_connect();
 	values[0] = Int32GetDatum(limit);
 	portal = SPI_cursor_open_with_args(NULL,
-									   "SELECT " EVENT_COLUMNS ", q.position, q.dead_letter"
+									   "SELECT " EVENT_COLUMNS ", q.position"
 									   " FROM outbox.replay_queue q"
 									   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
 									   " ORDER BY q.position LIMIT $1",
@@ -922,147 +664,3 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 	return n;
 }
 
-/*
- * release_parked
- *		Queue for replay, in id order, every parked event whose head no
- *		longer holds it back (replayed, discarded, queued, or gone): such an
- *		event would otherwise wait for a replay() or discard() that already
- *		happened.  outbox.replay() and outbox.discard() do the same.
- */
-static void
-release_parked(void)
-{
-	int			rc;
-
-	SPI_connect();
-	rc = SPI_execute("WITH released AS (UPDATE outbox.dead_letters d SET state = 'replaying'"
-					 " WHERE d.state OPERATOR(pg_catalog.=) 'parked'"
-					 " AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters h"
-					 "  WHERE h.event_id OPERATOR(pg_catalog.=) d.blocked_by"
-					 "  AND h.state IN ('quarantined', 'parked'))"
-					 " RETURNING d.event_pk)"
-					 " INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
-					 " SELECT r.event_pk, true FROM released r ORDER BY r.event_pk",
-					 false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "could not release parked events: %s", SPI_result_code_string(rc));
-	SPI_finish();
-}
-
-/*
- * OutboxStoreFinishReplays
- *		A replay page is settled: delivered events leave the queue (dead
- *		letters among them are resolved).  An event refused again is
- *		quarantined again and, with outbox.poison_policy = 'block', every
- *		event of its aggregate queued behind it (released dead letters and
- *		replay(since, until) rows alike, including those parked in this
- *		page) leaves the queue and is parked behind it, so that nothing of
- *		the aggregate overtakes it.  Last, parked events whose head no
- *		longer holds them back join the queue (release_parked).
- */
-void
-OutboxStoreFinishReplays(OutboxEvent *events, int n)
-{
-	int			i;
-
-	SPI_connect();
-	for (i = 0; i < n; i++)
-	{
-		OutboxEvent *ev = &events[i];
-		Datum		values[3];
-		Oid			types[3] = {INT8OID, INT8OID, TEXTOID};
-		int			rc;
-
-		values[0] = Int64GetDatum(ev->queue_position);
-		values[1] = Int64GetDatum(ev->id);
-		if (ev->disposition == OUTBOX_EVENT_DELIVERED)
-		{
-			rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue"
-									   " WHERE position OPERATOR(pg_catalog.=) $1 RETURNING event_pk, dead_letter)"
-									   " UPDATE outbox.dead_letters d SET state = 'replayed', resolved_at = pg_catalog.now()"
-									   " FROM gone WHERE gone.dead_letter AND d.event_pk OPERATOR(pg_catalog.=) gone.event_pk"
-									   " AND d.state IN ('replaying', 'quarantined')",
-									   2, types, values, NULL, false, 0);
-			if (rc != SPI_OK_UPDATE)
-				elog(ERROR, "could not settle replay: %s", SPI_result_code_string(rc));
-		}
-		else if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
-		{
-			if (outbox_poison_policy == OUTBOX_POISON_BLOCK)
-			{
-				values[2] = CStringGetTextDatum(ev->event_id);
-				rc = SPI_execute_with_args("WITH gone AS (DELETE FROM outbox.replay_queue q USING outbox.events e"
-										   " WHERE e.id OPERATOR(pg_catalog.=) q.event_pk"
-										   " AND q.position OPERATOR(pg_catalog.>) $1"
-										   " AND (e.aggregate_type, e.aggregate_id) OPERATOR(pg_catalog.=)"
-										   " (SELECT aggregate_type, aggregate_id"
-										   "  FROM outbox.events WHERE id OPERATOR(pg_catalog.=) $2)"
-										   " RETURNING q.event_pk)"
-										   " INSERT INTO outbox.dead_letters AS d (event_id, event_pk, aggregate_type,"
-										   " aggregate_id, seq, event_type, topic, state, blocked_by, envelope)"
-										   " SELECT e.event_id, e.id, e.aggregate_type, e.aggregate_id, e.seq,"
-										   " e.event_type, e.topic, 'parked', $3::uuid, pg_catalog.to_jsonb(e)"
-										   " FROM gone JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) gone.event_pk"
-										   " ON CONFLICT (event_id) DO UPDATE SET state = 'parked', event_pk = excluded.event_pk,"
-										   " blocked_by = excluded.blocked_by, resolved_at = NULL",
-										   3, types, values, NULL, false, 0);
-				if (rc != SPI_OK_INSERT)
-					elog(ERROR, "could not park behind a replay: %s", SPI_result_code_string(rc));
-			}
-			rc = SPI_execute_with_args("DELETE FROM outbox.replay_queue WHERE position OPERATOR(pg_catalog.=) $1",
-									   1, types, values, NULL, false, 0);
-			if (rc != SPI_OK_DELETE)
-				elog(ERROR, "could not dequeue a replay: %s", SPI_result_code_string(rc));
-		}
-	}
-	SPI_finish();
-	/* the quarantined and parked ones are (re)recorded the usual way */
-	(void) OutboxStoreRecordDeadLetters(events, n);
-	release_parked();
-}
-
-/*
- * OutboxStoreCleanup
- *		Delete up to max_events published events older than the retention;
- *		returns how many went.
- */
-int64
-OutboxStoreCleanup(int max_events)
-{
-	Datum		values[1];
-	Oid			types[1] = {INT4OID};
-	bool		isnull;
-	int64		deleted = 0;
-	int			rc;
-
-	SPI_connect();
-
-	/*
-	 * The oldest event by id is about the oldest by age: when it is within
-	 * the retention there is nothing to delete, and one index probe saves
-	 * cleanup() a scan of the whole log.
-	 */
-	values[0] = Int32GetDatum(outbox_retention);
-	rc = SPI_execute_with_args("SELECT e.created_at OPERATOR(pg_catalog.<)"
-							   " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
-							   " FROM outbox.events e ORDER BY e.id LIMIT 1",
-							   1, types, values, NULL, true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look for expired events: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
-	{
-		SPI_finish();
-		return 0;
-	}
-
-	values[0] = Int32GetDatum(max_events);
-	rc = SPI_execute_with_args("SELECT events FROM outbox.cleanup(false, $1)",
-							   1, types, values, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not clean up: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 1)
-		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	SPI_finish();
-	return deleted;
-}

@@ -1,6 +1,9 @@
 # test/t/007_upgrade.pl: every released version upgrades, through the
 # upgrade scripts, to a database equal to a fresh install of the current
 # version, and a relay that publishes across the upgrade sends nothing twice.
+# Both ways: ALTER EXTENSION UPDATE straight to the current version (the
+# chain of scripts in one go), and one version at a time, each step equal
+# to a fresh install of the version it reaches.
 
 use strict;
 use warnings;
@@ -14,10 +17,25 @@ use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
 
 my ($current) = slurp_file('outbox.control') =~ /^default_version\s*=\s*'([^']+)'/m;
-# every released version: the install scripts but the current one
-my @released = sort grep { $_ ne $current }
+# every version with an install script, oldest first; the released ones are
+# all but the current one
+sub version_cmp
+{
+	my @a = split /\./, $a;
+	my @b = split /\./, $b;
+	return $a[0] <=> $b[0] || $a[1] <=> $b[1];
+}
+my @versions = sort version_cmp
   map { m{sql/outbox--(\d+\.\d+)\.sql$} ? $1 : () } glob('sql/outbox--*.sql');
+is($versions[-1], $current, "the newest install script is the default version, $current");
+my @released = grep { $_ ne $current } @versions;
 ok(scalar(@released) >= 1, "released versions to upgrade from: @released");
+# each step has its upgrade script
+for my $i (1 .. $#versions)
+{
+	ok(-f "sql/outbox--$versions[$i - 1]--$versions[$i].sql",
+		"an upgrade script from $versions[$i - 1] to $versions[$i]");
+}
 
 my $kafka = OutboxTest::Broker->start(brokers => 1);
 my $node = outbox_node('upgrade', $kafka);
@@ -97,11 +115,31 @@ sub emit_n
 		  . "FROM generate_series(1, $n) g");
 }
 
+sub same_catalog
+{
+	my ($got, $want, $name) = @_;
+	is_deeply($got, $want, $name)
+	  or do {
+		my %w = map { $_ => 1 } @$want;
+		my %g = map { $_ => 1 } @$got;
+		diag("only upgraded: $_") for grep { !$w{$_} } @$got;
+		diag("only fresh: $_") for grep { !$g{$_} } @$want;
+	  };
+}
+
+# the fingerprint of a fresh install of every version but the oldest
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
+my %fresh_of;
+for my $v (@versions[ 1 .. $#versions - 1 ])
+{
+	$node->safe_psql('fresh', "CREATE EXTENSION outbox VERSION '$v'");
+	$fresh_of{$v} = fingerprint('fresh');
+	$node->safe_psql('fresh', 'DROP EXTENSION outbox');
+}
 $node->safe_psql('fresh', 'CREATE EXTENSION outbox');
 is($node->safe_psql('fresh', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
 	$current, "CREATE EXTENSION installs $current");
-my $fresh = fingerprint('fresh');
+my $fresh = $fresh_of{$current} = fingerprint('fresh');
 ok(scalar(@$fresh) > 50, 'the fingerprint of a fresh install has ' . scalar(@$fresh) . ' facts');
 
 for my $from (@released)
@@ -120,14 +158,7 @@ for my $from (@released)
 	is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
 		$current, "$from: ALTER EXTENSION outbox UPDATE reaches $current");
 
-	my $upgraded = fingerprint($db);
-	is_deeply($upgraded, $fresh, "$from: the upgraded catalog equals a fresh $current install")
-	  or do {
-		my %f = map { $_ => 1 } @$fresh;
-		my %u = map { $_ => 1 } @$upgraded;
-		diag("only upgraded: $_") for grep { !$f{$_} } @$upgraded;
-		diag("only fresh: $_") for grep { !$u{$_} } @$fresh;
-	  };
+	same_catalog(fingerprint($db), $fresh, "$from: the upgraded catalog equals a fresh $current install");
 
 	my @after = emit_n($db, "a$from", 200);
 	my $msgs = wait_for_events($kafka, 'outbox.event.up', [ @before, @after ]);
@@ -135,6 +166,35 @@ for my $from (@released)
 	is(scalar(grep { $seen->{$_} != 1 } @before, @after), 0,
 		"$from: after the upgrade the relay publishes the new events, and each of the 400 exactly once");
 	is(relay_pid($node, $db), $pid, "$from: the same relay kept running across the upgrade");
+}
+
+# one version at a time, from every released version more than one step
+# behind, the relay publishing throughout
+for my $i (0 .. $#versions - 2)
+{
+	my $from = $versions[$i];
+	my $db = 'steps_' . ($from =~ tr/./_/r);
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql($db, "CREATE EXTENSION outbox VERSION '$from'");
+	my ($pid) = wait_for_relay($node, $db, 10);
+	ok(defined $pid, "$from step by step: a relay runs");
+	my @ids = emit_n($db, "s$from", 100);
+
+	for my $to (@versions[ $i + 1 .. $#versions ])
+	{
+		$node->safe_psql($db, "ALTER EXTENSION outbox UPDATE TO '$to'");
+		is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
+			$to, "$from step by step: ALTER EXTENSION outbox UPDATE TO '$to'");
+		same_catalog(fingerprint($db), $fresh_of{$to},
+			"$from step by step: at $to the catalog equals a fresh $to install");
+		push @ids, emit_n($db, "s$from-$to", 100);
+	}
+
+	my $msgs = wait_for_events($kafka, 'outbox.event.up', \@ids);
+	my $seen = event_ids_of($msgs);
+	is(scalar(grep { $seen->{$_} != 1 } @ids), 0,
+		"$from step by step: each of the " . scalar(@ids) . ' events is published exactly once');
+	is(relay_pid($node, $db), $pid, "$from step by step: the same relay kept running");
 }
 
 done_testing();
