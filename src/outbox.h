@@ -113,11 +113,26 @@ extern int	outbox_retention;
 extern int	outbox_delivery_timeout;
 
 /* emit.c */
-extern bool OutboxTopicNameIsLegal(const char *name, int len);
 extern bool OutboxTraceparentIsValid(const char *value);
+extern void OutboxEmitInit(void);
+
+/* topic.c: topic names, template and allowed patterns, for emit() */
+extern bool OutboxTopicNameIsLegal(const char *name, int len);
 extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
 extern bool OutboxTopicPatternsAreValid(const char *patterns, char **bad);
-extern void OutboxEmitInit(void);
+extern char *OutboxTopicResolve(char *topic, const char *aggregate_type,
+								const char *event_type);
+
+/* sequence.c: the per-aggregate sequence of one transaction, for emit() */
+typedef struct OutboxSequenceEntry OutboxSequenceEntry;
+
+extern void OutboxSequenceInit(void);
+extern OutboxSequenceEntry *OutboxSequenceHeld(text *aggregate_type,
+											   text *aggregate_id);
+extern int64 OutboxSequenceNext(const OutboxSequenceEntry *entry);
+extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
+extern void OutboxSequenceRemember(text *aggregate_type, text *aggregate_id,
+								   int64 seq);
 
 /* shmem.c */
 typedef enum OutboxRelayState
