@@ -1,24 +1,45 @@
 /*-------------------------------------------------------------------------
  *
  * shmem.c
- *		Shared state of the outbox: relay slots, latches, counters.
+ *		Shared state of the outbox: relay slots, the launcher's fields and
+ *		request list, probe answers, prepared transactions' event counts.
+ *		Only this file knows their layout; others call the functions below.
  *
- * Locking protocol:
- *	- The "outbox" LWLock tranche has one lock.  Held exclusively to assign
- *	  or free a slot (change slot->dboid) and to change the launcher's
- *	  fields or its request list; held shared to find a slot by database.
- *	- Every other field of a slot is read and written under the slot's
- *	  spinlock, with nothing else done while it is held.
- *	- A committing backend finds its database's slot under the shared lock
- *	  and sets the relay's latch; it never waits for anything else.
- *	- At most one relay per database: a relay claims its slot (sets pid)
- *	  under the exclusive lock and only if no other relay holds it; a relay
- *	  clears pid when it exits (before_shmem_exit, so also on ERROR).  A
- *	  non-zero pid therefore always names a live relay, whoever started it,
- *	  and a restarted launcher adopts it instead of starting another.  A
- *	  crash of any backend resets shared memory, so no pid survives one.
- *	- Probe results and prepared transactions' event counts are small
- *	  tables under the LWLock, held exclusively to change them.
+ * Locking protocol (written as pg_stat_statements writes its own):
+ *	- outbox_shared->lock, the one LWLock of the "outbox" tranche, protects
+ *	  which database each slot belongs to (slot->dboid) and every field of
+ *	  OutboxShared outside the slots: the launcher's pid and latch,
+ *	  no_worker_since, the request list, the probe and prepared tables.
+ *	  Held exclusively to change one of them (assign or free a slot,
+ *	  attach a relay to its slot, sign a process on or off as launcher),
+ *	  shared to find a slot by database or read those fields.
+ *	- slot->mutex, the slot's spinlock, protects every other field of the
+ *	  slot.  It is taken with the LWLock held in either mode, so that the
+ *	  slot still belongs to the database it was found for; the one
+ *	  exception is the relay attached to the slot (below).  While it is
+ *	  held nothing is done but a few assignments or a copy.
+ *	- Lock order: the LWLock, then one slot's spinlock.  No slot pointer
+ *	  leaves this file except the relay's own: readers get a copy
+ *	  (OutboxSlotRead), everyone else names the database.
+ *	- A relay owns its slot from OutboxSlotAttach to OutboxSlotDetach: a
+ *	  slot with a relay attached (pid != 0) is never freed or handed to
+ *	  another database, so the relay keeps the pointer and takes only the
+ *	  spinlock.  At most one relay per database: the claim (setting pid) is
+ *	  made under the exclusive LWLock and only when no other relay holds
+ *	  the slot.
+ *	- Who writes what: committing backends add to committed_events and
+ *	  set replay_pending, check_extension, hold_until and, at the first
+ *	  commit into an empty backlog, oldest_pending; the launcher assigns,
+ *	  resets and frees slots; the attached relay writes everything else.
+ *	- Liveness is never judged by kill(pid, 0), which a reused pid fools.
+ *	  The relay and the launcher clear their pid when they exit
+ *	  (before_shmem_exit, so also on ERROR), so a non-zero pid names a live
+ *	  process; a crash of any backend resets shared memory, so no pid
+ *	  survives one.  A pid is signalled only under the exclusive LWLock,
+ *	  which its owner needs to clear it, so the signal cannot reach a
+ *	  process that has reused the pid.
+ *	- A committing backend takes the LWLock shared and one spinlock, sets
+ *	  the relay's latch after releasing both, and waits for nothing else.
  *
  * Nothing here runs SQL or talks to Kafka.
  *
@@ -35,11 +56,47 @@
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+#include "storage/spin.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
 
-#define OUTBOX_MAX_REQUESTS 64
+/* the recent window: OUTBOX_WINDOWS periods of OUTBOX_WINDOW_SECS */
+#define OUTBOX_WINDOWS		6
+#define OUTBOX_WINDOW_SECS	10
+
+typedef struct OutboxWindow
+{
+	int64		period;			/* which period this entry holds */
+	uint64		events;
+	uint64		bytes;
+	uint64		latency[OUTBOX_LAT_NBUCKETS];
+} OutboxWindow;
+
+/*
+ * One relay's slot; see the locking protocol above.  v holds what readers
+ * get a copy of; its derived fields (backlog, minute_*, slots_full,
+ * no_worker_since) are filled in by OutboxSlotRead, not kept here.
+ */
+struct OutboxSlot
+{
+	Oid			dboid;			/* InvalidOid: slot free; under the LWLock */
+	slock_t		mutex;
+	/* OutboxSlotAcquire zeroes everything from here on */
+	Latch	   *latch;			/* the relay's latch, NULL when none */
+	bool		replay_pending; /* a commit queued replays */
+	bool		check_extension;	/* DROP EXTENSION committed */
+	TimestampTz hold_until;		/* launcher must not start a relay before */
+
+	/* backlog: the open batch's remainder plus what committed since */
+	uint64		committed_events;	/* added by emitters at commit */
+	uint64		committed_at_open;
+	int64		batch_remaining;
+
+	uint64		pages;
+	OutboxWindow window[OUTBOX_WINDOWS];
+	OutboxSlotView v;
+};
 
 /* a probe worker's answer: does this database have the extension? */
 typedef struct OutboxProbe
@@ -63,7 +120,7 @@ typedef struct OutboxPrepared
 typedef struct OutboxShared
 {
 	LWLock	   *lock;
-	int			launcher_pid;
+	int			launcher_pid;	/* 0 when no launcher runs */
 	Latch	   *launcher_latch;
 	TimestampTz no_worker_since;	/* launcher lacks a worker slot, or 0 */
 	int			nrequests;
@@ -80,6 +137,20 @@ static OutboxShared *outbox_shared = NULL;
 	((OutboxPrepared *) ((char *) outbox_shared + MAXALIGN(outbox_slots_size())))
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* what operators see, by OutboxRelayState; the one spelling of each */
+static const char *const relay_state_names[] = {
+	[OUTBOX_RELAY_STARTING] = "starting",
+	[OUTBOX_RELAY_IDLE] = "running",
+	[OUTBOX_RELAY_PUBLISHING] = "running",
+	[OUTBOX_RELAY_PAUSED] = "paused",
+	[OUTBOX_RELAY_BACKING_OFF] = "backing off",
+	[OUTBOX_RELAY_NOT_CONFIGURED] = "not configured",
+	[OUTBOX_RELAY_STOPPED] = "stopped",
+};
+
+StaticAssertDecl(lengthof(relay_state_names) == OUTBOX_RELAY_NSTATES,
+				 "a relay state has no name");
 
 static Size
 outbox_slots_size(void)
@@ -150,27 +221,16 @@ OutboxShmemAvailable(void)
 	return outbox_shared != NULL;
 }
 
+/*
+ * OutboxRelayStateName
+ *		The name operators see for state (status(), metrics(), log lines).
+ */
 const char *
 OutboxRelayStateName(OutboxRelayState state)
 {
-	switch (state)
-	{
-		case OUTBOX_RELAY_STARTING:
-			return "starting";
-		case OUTBOX_RELAY_IDLE:
-			return "running";
-		case OUTBOX_RELAY_PUBLISHING:
-			return "running";
-		case OUTBOX_RELAY_PAUSED:
-			return "paused";
-		case OUTBOX_RELAY_BACKING_OFF:
-			return "backing off";
-		case OUTBOX_RELAY_NOT_CONFIGURED:
-			return "not configured";
-		case OUTBOX_RELAY_STOPPED:
-			return "stopped";
-	}
-	return "unknown";
+	if ((int) state < 0 || state >= OUTBOX_RELAY_NSTATES)
+		return "unknown";
+	return relay_state_names[state];
 }
 
 /* caller holds the LWLock in any mode */
@@ -186,14 +246,20 @@ find_slot_locked(Oid dboid)
 }
 
 /*
+ * ---- Called by user backends: commits, the utility hook ----
+ */
+
+/*
  * OutboxWakeRelay
  *		Set the latch of dboid's relay, if one runs.  Called at commit;
- *		replay says the commit queued replays for it.
+ *		replay says the commit queued replays for it, events how many
+ *		events it emitted.
  */
 void
 OutboxWakeRelay(Oid dboid, bool replay, int events)
 {
 	OutboxSlot *slot;
+	Latch	   *latch = NULL;
 	TimestampTz committed_at = GetCurrentTransactionStopTimestamp();
 
 	if (outbox_shared == NULL)
@@ -202,12 +268,10 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 	slot = find_slot_locked(dboid);
 	if (slot != NULL)
 	{
-		Latch	   *latch;
-
 		SpinLockAcquire(&slot->mutex);
 		/* a paused relay reads everything when it resumes: let it sleep */
-		latch = (slot->state == OUTBOX_RELAY_PAUSED ||
-				 slot->state == OUTBOX_RELAY_NOT_CONFIGURED) ? NULL : slot->latch;
+		latch = (slot->v.state == OUTBOX_RELAY_PAUSED ||
+				 slot->v.state == OUTBOX_RELAY_NOT_CONFIGURED) ? NULL : slot->latch;
 		if (replay)
 			slot->replay_pending = true;
 		slot->committed_events += events;
@@ -218,18 +282,47 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 		 * then, the first commit since the backlog was empty stands for it,
 		 * so that status() and health() see events waiting.
 		 */
-		if (events > 0 && slot->oldest_pending == 0)
-			slot->oldest_pending = committed_at;
+		if (events > 0 && slot->v.oldest_pending == 0)
+			slot->v.oldest_pending = committed_at;
 		SpinLockRelease(&slot->mutex);
-		if (latch != NULL)
-			SetLatch(latch);
 	}
 	LWLockRelease(outbox_shared->lock);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * OutboxRequestExtensionCheck
+ *		DROP EXTENSION outbox committed: have dboid's relay look whether its
+ *		extension is still there, even while it is paused.
+ */
+void
+OutboxRequestExtensionCheck(Oid dboid)
+{
+	OutboxSlot *slot;
+	Latch	   *latch = NULL;
+
+	if (outbox_shared == NULL)
+		return;
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		slot->check_extension = true;
+		latch = slot->latch;
+		SpinLockRelease(&slot->mutex);
+	}
+	LWLockRelease(outbox_shared->lock);
+	if (latch != NULL)
+		SetLatch(latch);
 }
 
 /*
  * OutboxRequestProbe
  *		Ask the launcher to look at dboid now (the extension was created).
+ *		While OUTBOX_MAX_REQUESTS requests wait the request is dropped; the
+ *		launcher takes them all each time it wakes.
  */
 void
 OutboxRequestProbe(Oid dboid)
@@ -246,6 +339,103 @@ OutboxRequestProbe(Oid dboid)
 	if (latch != NULL)
 		SetLatch(latch);
 }
+
+/*
+ * OutboxHoldDatabase
+ *		Stop dboid's relay and keep the launcher from restarting it for
+ *		hold_ms, so that a command needing the database to itself (DROP
+ *		DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE)
+ *		does not find the relay connected.  The relay is signalled under the
+ *		exclusive lock: it cannot detach meanwhile, so its pid is its own.
+ */
+void
+OutboxHoldDatabase(Oid dboid, int hold_ms)
+{
+	OutboxSlot *slot;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), hold_ms);
+
+	if (outbox_shared == NULL)
+		return;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		int			pid;
+
+		SpinLockAcquire(&slot->mutex);
+		slot->hold_until = until;
+		pid = slot->v.pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid != 0)
+			kill(pid, SIGTERM);
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxPreparedRemember
+ *		At PREPARE TRANSACTION gid: the transaction emitted events (and
+ *		queued replays) in dboid.  When the table is full the count is lost
+ *		and the backlog catches up when the relay opens its next batch.
+ */
+void
+OutboxPreparedRemember(const char *gid, Oid dboid, int events, bool replay)
+{
+	OutboxPrepared *entries;
+	int			i;
+
+	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
+		return;
+	entries = PREPARED_ENTRIES();
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < outbox_shared->nprepared; i++)
+	{
+		if (OidIsValid(entries[i].dboid))
+			continue;
+		entries[i].dboid = dboid;
+		entries[i].events = events;
+		entries[i].replay = replay;
+		strlcpy(entries[i].gid, gid, GIDSIZE);
+		break;
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * OutboxPreparedTake
+ *		COMMIT or ROLLBACK PREPARED gid finished in dboid: forget it and
+ *		return what PREPARE recorded (false when nothing was).
+ */
+bool
+OutboxPreparedTake(const char *gid, Oid dboid, int *events, bool *replay)
+{
+	OutboxPrepared *entries;
+	bool		found = false;
+	int			i;
+
+	*events = 0;
+	*replay = false;
+	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
+		return false;
+	entries = PREPARED_ENTRIES();
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < outbox_shared->nprepared; i++)
+	{
+		if (entries[i].dboid != dboid || strcmp(entries[i].gid, gid) != 0)
+			continue;
+		*events = entries[i].events;
+		*replay = entries[i].replay;
+		entries[i].dboid = InvalidOid;
+		found = true;
+		break;
+	}
+	LWLockRelease(outbox_shared->lock);
+	return found;
+}
+
+/*
+ * ---- Called by the launcher and the probes ----
+ */
 
 static void
 launcher_detach(int code, Datum arg)
@@ -287,196 +477,27 @@ OutboxLauncherAttach(void)
 
 /*
  * OutboxLauncherTakeRequests
- *		Move up to max pending probe requests into out; returns how many.
- *		An overflowed request list is reported as a single InvalidOid,
- *		meaning "rescan everything".
+ *		Move the pending probe requests into out, which has room for
+ *		OUTBOX_MAX_REQUESTS; returns how many.
  */
 int
-OutboxLauncherTakeRequests(Oid *out, int max)
+OutboxLauncherTakeRequests(Oid *out)
 {
 	int			n;
 
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	n = Min(outbox_shared->nrequests, max);
+	n = outbox_shared->nrequests;
 	memcpy(out, outbox_shared->requests, n * sizeof(Oid));
-	if (outbox_shared->nrequests > max)
-		out[0] = InvalidOid;
 	outbox_shared->nrequests = 0;
 	LWLockRelease(outbox_shared->lock);
 	return n;
 }
 
 /*
- * OutboxSlotAcquire
- *		Launcher: the slot of dboid, assigning a free one if needed.
- *		Returns NULL when every slot is taken.
- */
-OutboxSlot *
-OutboxSlotAcquire(Oid dboid)
-{
-	OutboxSlot *slot;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	slot = find_slot_locked(dboid);
-	if (slot == NULL)
-	{
-		slot = find_slot_locked(InvalidOid);
-		if (slot != NULL)
-		{
-			SpinLockAcquire(&slot->mutex);
-			memset((char *) slot + offsetof(OutboxSlot, pid), 0,
-				   sizeof(OutboxSlot) - offsetof(OutboxSlot, pid));
-			slot->state = OUTBOX_RELAY_STOPPED;
-			SpinLockRelease(&slot->mutex);
-			slot->dboid = dboid;
-		}
-	}
-	LWLockRelease(outbox_shared->lock);
-	return slot;
-}
-
-/*
- * OutboxSlotRelease
- *		Launcher: free dboid's slot (its database is gone or has no
- *		extension).
- */
-void
-OutboxSlotRelease(Oid dboid)
-{
-	OutboxSlot *slot;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	slot = find_slot_locked(dboid);
-	/* a slot with a relay attached stays: that relay still uses it */
-	if (slot != NULL && OutboxSlotRelayPid(slot) == 0)
-		slot->dboid = InvalidOid;
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxSlotFind
- *		The slot of dboid or NULL.  The pointer stays valid; whether it still
- *		belongs to dboid is only certain while the launcher keeps it.
- */
-OutboxSlot *
-OutboxSlotFind(Oid dboid)
-{
-	OutboxSlot *slot;
-
-	if (outbox_shared == NULL)
-		return NULL;
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	slot = find_slot_locked(dboid);
-	LWLockRelease(outbox_shared->lock);
-	return slot;
-}
-
-/*
- * OutboxSlotAttach
- *		Relay: claim dboid's slot for the calling process.  NULL if the
- *		launcher assigned none, or if another relay holds it (*other_pid is
- *		then its pid, else 0): the caller then exits.  The claim is made
- *		under the exclusive lock, so two relays started for one database
- *		(by a launcher and its restarted successor) cannot both win.
- */
-OutboxSlot *
-OutboxSlotAttach(Oid dboid, int *other_pid)
-{
-	OutboxSlot *slot;
-	TimestampTz now = GetCurrentTimestamp();
-
-	*other_pid = 0;
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	slot = find_slot_locked(dboid);
-	if (slot == NULL)
-	{
-		LWLockRelease(outbox_shared->lock);
-		return NULL;
-	}
-	SpinLockAcquire(&slot->mutex);
-	if (slot->pid != 0 && slot->pid != MyProcPid)
-	{
-		*other_pid = slot->pid;
-		SpinLockRelease(&slot->mutex);
-		LWLockRelease(outbox_shared->lock);
-		return NULL;
-	}
-	slot->pid = MyProcPid;
-	slot->latch = MyLatch;
-	slot->state = OUTBOX_RELAY_STARTING;
-	slot->no_extension = false;
-	slot->started_at = now;
-	slot->brokers_up = -1;
-	slot->batch_remaining = 0;
-	slot->committed_at_open = slot->committed_events;
-	slot->oldest_pending = 0;
-	SpinLockRelease(&slot->mutex);
-	LWLockRelease(outbox_shared->lock);
-	return slot;
-}
-
-/*
- * OutboxSlotDetach
- *		Relay, on exit: nobody is behind this slot's latch any more.  The
- *		launcher is woken: it may be watching a relay it adopted.
- */
-void
-OutboxSlotDetach(OutboxSlot *slot)
-{
-	Latch	   *launcher = NULL;
-
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	SpinLockAcquire(&slot->mutex);
-	if (slot->pid == MyProcPid)
-	{
-		slot->pid = 0;
-		slot->latch = NULL;
-		slot->state = OUTBOX_RELAY_STOPPED;
-		launcher = outbox_shared->launcher_latch;
-	}
-	SpinLockRelease(&slot->mutex);
-	LWLockRelease(outbox_shared->lock);
-	if (launcher != NULL)
-		SetLatch(launcher);
-}
-
-/*
- * OutboxSlotRelayPid
- *		The pid of the relay attached to slot, 0 when none.
- */
-int
-OutboxSlotRelayPid(OutboxSlot *slot)
-{
-	int			pid;
-
-	SpinLockAcquire(&slot->mutex);
-	pid = slot->pid;
-	SpinLockRelease(&slot->mutex);
-	return pid;
-}
-
-/*
- * OutboxSlotsInUse
- *		How many relay slots are assigned to a database.
- */
-int
-OutboxSlotsInUse(void)
-{
-	int			n = 0;
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	for (i = 0; i < outbox_shared->nslots; i++)
-		if (OidIsValid(outbox_shared->slots[i].dboid))
-			n++;
-	LWLockRelease(outbox_shared->lock);
-	return n;
-}
-
-/*
- * OutboxSetNoWorker / OutboxNoWorkerSince
+ * OutboxSetNoWorker
  *		Launcher: whether it failed to get a background worker slot (since
- *		when), so that status() and health() can name the cause.
+ *		when: OutboxSlotView.no_worker_since), so that status() and health()
+ *		can name the cause.
  */
 void
 OutboxSetNoWorker(bool short_of_workers)
@@ -491,15 +512,62 @@ OutboxSetNoWorker(bool short_of_workers)
 	LWLockRelease(outbox_shared->lock);
 }
 
-TimestampTz
-OutboxNoWorkerSince(void)
+/*
+ * OutboxSlotAcquire
+ *		Launcher: make sure dboid has a slot, assigning a free one (reset)
+ *		if needed.  Returns false when every slot is taken; else *held says
+ *		whether a command holds the database (no relay may start yet).
+ */
+bool
+OutboxSlotAcquire(Oid dboid, bool *held)
 {
-	TimestampTz since;
+	OutboxSlot *slot;
+	TimestampTz now = GetCurrentTimestamp();
 
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	since = outbox_shared->no_worker_since;
+	*held = false;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot == NULL && (slot = find_slot_locked(InvalidOid)) != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		memset((char *) slot + offsetof(OutboxSlot, latch), 0,
+			   sizeof(OutboxSlot) - offsetof(OutboxSlot, latch));
+		slot->v.state = OUTBOX_RELAY_STOPPED;
+		SpinLockRelease(&slot->mutex);
+		slot->dboid = dboid;
+	}
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		*held = slot->hold_until > now;
+		SpinLockRelease(&slot->mutex);
+	}
 	LWLockRelease(outbox_shared->lock);
-	return since;
+	return slot != NULL;
+}
+
+/*
+ * OutboxSlotRelease
+ *		Launcher: free dboid's slot (its database is gone or has no
+ *		extension), unless a relay is still attached to it.
+ */
+void
+OutboxSlotRelease(Oid dboid)
+{
+	OutboxSlot *slot;
+	int			pid = 0;
+
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		pid = slot->v.pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid == 0)
+			slot->dboid = InvalidOid;
+	}
+	LWLockRelease(outbox_shared->lock);
 }
 
 /*
@@ -573,102 +641,161 @@ OutboxProbeTake(Oid dboid)
 }
 
 /*
- * OutboxPreparedRemember
- *		At PREPARE TRANSACTION gid: the transaction emitted events (and
- *		queued replays) in dboid.  When the table is full the count is lost
- *		and the backlog catches up when the relay opens its next batch.
+ * ---- Readers: the launcher, status(), metrics(), health() ----
  */
-void
-OutboxPreparedRemember(const char *gid, Oid dboid, int events, bool replay)
-{
-	OutboxPrepared *entries;
-	int			i;
 
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
+/*
+ * view_from_copy
+ *		Fill out from a private copy of a slot (no lock needed): its figures,
+ *		and those derived as of now.
+ */
+static void
+view_from_copy(const OutboxSlot *s, OutboxSlotView *out)
+{
+	int64		period = GetCurrentTimestamp() / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
+	int			w;
+	int			b;
+
+	*out = s->v;
+	out->backlog = Max(s->batch_remaining +
+					   (int64) (s->committed_events - s->committed_at_open), 0);
+	for (w = 0; w < OUTBOX_WINDOWS; w++)
 	{
-		if (OidIsValid(entries[i].dboid))
+		const OutboxWindow *win = &s->window[w];
+
+		if (win->period <= period - OUTBOX_WINDOWS || win->period > period)
 			continue;
-		entries[i].dboid = dboid;
-		entries[i].events = events;
-		entries[i].replay = replay;
-		strlcpy(entries[i].gid, gid, GIDSIZE);
-		break;
+		/* the last minute: whole periods, plus the one under way */
+		out->minute_events += win->events;
+		out->minute_bytes += win->bytes;
+		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
+			out->minute_latency[b] += win->latency[b];
 	}
-	LWLockRelease(outbox_shared->lock);
 }
 
 /*
- * OutboxPreparedTake
- *		COMMIT or ROLLBACK PREPARED gid finished in dboid: forget it and
- *		return what PREPARE recorded (false when nothing was).
+ * OutboxSlotRead
+ *		Copy what readers need of dboid's slot into out.  The slot is found,
+ *		and copied, under the LWLock, so it is dboid's own; the launcher's
+ *		shortage of slots and workers is read under the same lock.  Returns
+ *		false when dboid has no slot: out then says no relay runs (pid 0,
+ *		state stopped, brokers_up -1, figures 0).
  */
 bool
-OutboxPreparedTake(const char *gid, Oid dboid, int *events, bool *replay)
+OutboxSlotRead(Oid dboid, OutboxSlotView *out)
 {
-	OutboxPrepared *entries;
-	bool		found = false;
+	OutboxSlot	copy;
+	OutboxSlot *slot = NULL;
+	bool		full = false;
+	TimestampTz no_worker_since = 0;
+	int			in_use = 0;
 	int			i;
 
-	*events = 0;
-	*replay = false;
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return false;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
+	memset(&copy, 0, sizeof(copy));
+	copy.v.state = OUTBOX_RELAY_STOPPED;
+	copy.v.brokers_up = -1;
+	if (outbox_shared != NULL)
 	{
-		if (entries[i].dboid != dboid || strcmp(entries[i].gid, gid) != 0)
-			continue;
-		*events = entries[i].events;
-		*replay = entries[i].replay;
-		entries[i].dboid = InvalidOid;
-		found = true;
-		break;
+		LWLockAcquire(outbox_shared->lock, LW_SHARED);
+		for (i = 0; i < outbox_shared->nslots; i++)
+		{
+			if (OidIsValid(outbox_shared->slots[i].dboid))
+				in_use++;
+			if (outbox_shared->slots[i].dboid == dboid)
+				slot = &outbox_shared->slots[i];
+		}
+		if (slot != NULL)
+		{
+			SpinLockAcquire(&slot->mutex);
+			memcpy(&copy, slot, sizeof(OutboxSlot));
+			SpinLockRelease(&slot->mutex);
+		}
+		full = in_use >= outbox_shared->nslots;
+		no_worker_since = outbox_shared->no_worker_since;
+		LWLockRelease(outbox_shared->lock);
+	}
+	view_from_copy(&copy, out);
+	out->slots_full = full;
+	out->no_worker_since = no_worker_since;
+	return slot != NULL;
+}
+
+/*
+ * ---- Called by the relay attached to the slot ----
+ */
+
+/*
+ * OutboxSlotAttach
+ *		Relay: claim dboid's slot for the calling process.  NULL if the
+ *		launcher assigned none, or if another relay holds it (*other_pid is
+ *		then its pid, else 0): the caller then exits.  The claim is made
+ *		under the exclusive lock, so two relays started for one database
+ *		(by a launcher and its restarted successor) cannot both win.  The
+ *		slot is the caller's until OutboxSlotDetach.
+ */
+OutboxSlot *
+OutboxSlotAttach(Oid dboid, int *other_pid)
+{
+	OutboxSlot *slot;
+	TimestampTz now = GetCurrentTimestamp();
+
+	*other_pid = 0;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		if (slot->v.pid != 0 && slot->v.pid != MyProcPid)
+			*other_pid = slot->v.pid;
+		else
+		{
+			slot->v.pid = MyProcPid;
+			slot->latch = MyLatch;
+			slot->v.state = OUTBOX_RELAY_STARTING;
+			slot->v.no_extension = false;
+			slot->v.started_at = now;
+			slot->v.brokers_up = -1;
+			slot->batch_remaining = 0;
+			slot->committed_at_open = slot->committed_events;
+			slot->v.oldest_pending = 0;
+		}
+		SpinLockRelease(&slot->mutex);
 	}
 	LWLockRelease(outbox_shared->lock);
-	return found;
+	return *other_pid != 0 ? NULL : slot;
+}
+
+/*
+ * OutboxSlotDetach
+ *		Relay, on exit: nobody is behind this slot's latch any more.  The
+ *		launcher is woken: it may be watching a relay it adopted.
+ */
+void
+OutboxSlotDetach(OutboxSlot *slot)
+{
+	Latch	   *launcher = NULL;
+
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	SpinLockAcquire(&slot->mutex);
+	if (slot->v.pid == MyProcPid)
+	{
+		slot->v.pid = 0;
+		slot->latch = NULL;
+		slot->v.state = OUTBOX_RELAY_STOPPED;
+		launcher = outbox_shared->launcher_latch;
+	}
+	SpinLockRelease(&slot->mutex);
+	LWLockRelease(outbox_shared->lock);
+	if (launcher != NULL)
+		SetLatch(launcher);
 }
 
 void
 OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->state = state;
+	slot->v.state = state;
 	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxHoldDatabase
- *		Stop dboid's relay and keep the launcher from restarting it for
- *		hold_ms, so that a command needing the database to itself (DROP
- *		DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE)
- *		does not find the relay connected.
- */
-void
-OutboxHoldDatabase(Oid dboid, int hold_ms)
-{
-	OutboxSlot *slot;
-	int			pid = 0;
-	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), hold_ms);
-
-	if (outbox_shared == NULL)
-		return;
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	slot = find_slot_locked(dboid);
-	if (slot != NULL)
-	{
-		SpinLockAcquire(&slot->mutex);
-		slot->hold_until = until;
-		pid = slot->pid;
-		SpinLockRelease(&slot->mutex);
-	}
-	LWLockRelease(outbox_shared->lock);
-	if (pid != 0)
-		kill(pid, SIGTERM);
 }
 
 /*
@@ -688,15 +815,60 @@ OutboxSlotIsHeld(OutboxSlot *slot)
 }
 
 /*
- * OutboxSlotCountPage
- *		Relay: a page was settled and recorded.
+ * OutboxSlotMarkNoExtension
+ *		Relay, before exiting: its database has no outbox extension, so the
+ *		launcher should not restart it.
  */
 void
-OutboxSlotCountPage(OutboxSlot *slot)
+OutboxSlotMarkNoExtension(OutboxSlot *slot)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->pages++;
+	slot->v.no_extension = true;
 	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotCountError
+ *		Relay: record the last error for status().
+ */
+void
+OutboxSlotCountError(OutboxSlot *slot, const char *message)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&slot->mutex);
+	slot->v.last_error_at = now;
+	strlcpy(slot->v.last_error, message, sizeof(slot->v.last_error));
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
+ *		Relay: whether replays were queued (a DROP EXTENSION committed)
+ *		since the last call.
+ */
+bool
+OutboxSlotTakeReplayPending(OutboxSlot *slot)
+{
+	bool		pending;
+
+	SpinLockAcquire(&slot->mutex);
+	pending = slot->replay_pending;
+	slot->replay_pending = false;
+	SpinLockRelease(&slot->mutex);
+	return pending;
+}
+
+bool
+OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
+{
+	bool		check;
+
+	SpinLockAcquire(&slot->mutex);
+	check = slot->check_extension;
+	slot->check_extension = false;
+	SpinLockRelease(&slot->mutex);
+	return check;
 }
 
 const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
@@ -726,20 +898,16 @@ OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes)
 }
 
 /*
- * OutboxSlotCountDelivered
- *		Relay: add a round's deliveries to the totals and the recent window.
+ * add_delivered, leave_batch, set_backlog
+ *		The parts of a round's report; the caller holds slot->mutex.
  */
-void
-OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
+static void
+add_delivered(OutboxSlot *slot, const OutboxDeliveryTally *t, TimestampTz now)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
 	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
 	int			b;
 
-	if (tally->events == 0)
-		return;
-	SpinLockAcquire(&slot->mutex);
 	if (w->period != period)
 	{
 		memset(w, 0, sizeof(OutboxWindow));
@@ -747,16 +915,40 @@ OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 	}
 	for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
 	{
-		slot->latency[b] += tally->latency[b];
-		w->latency[b] += tally->latency[b];
+		slot->v.latency[b] += t->latency[b];
+		w->latency[b] += t->latency[b];
 	}
-	slot->latency_sum += tally->latency_sum;
-	slot->published += tally->events;
-	slot->published_bytes += tally->bytes;
-	w->events += tally->events;
-	w->bytes += tally->bytes;
-	slot->last_delivery = now;
-	SpinLockRelease(&slot->mutex);
+	slot->v.latency_sum += t->latency_sum;
+	slot->v.published += t->events;
+	slot->v.published_bytes += t->bytes;
+	w->events += t->events;
+	w->bytes += t->bytes;
+	slot->v.last_delivery = now;
+}
+
+/*
+ * Events of the open batch were acknowledged.  They leave the backlog now
+ * rather than when their whole page settles, so that the part of a page
+ * delivered before an outage is not counted as pending for as long as the
+ * outage lasts; the next set_backlog sets the figure from the relay's count.
+ */
+static void
+leave_batch(OutboxSlot *slot, int64 events)
+{
+	slot->batch_remaining = Max(slot->batch_remaining - events, 0);
+}
+
+/* OutboxRoundReport's set_backlog: see its fields */
+static void
+set_backlog(OutboxSlot *slot, bool batch_opened, int64 remaining,
+			TimestampTz oldest, int page_size)
+{
+	if (batch_opened)
+		slot->committed_at_open = slot->committed_events;
+	slot->batch_remaining = Max(remaining, 0);
+	if (oldest >= 0)
+		slot->v.oldest_pending = oldest;
+	slot->v.page_size = page_size;
 }
 
 /*
@@ -767,87 +959,64 @@ OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 void
 OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 {
-	const OutboxDeliveryTally *t = &r->delivered;
 	TimestampTz now = GetCurrentTimestamp();
-	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
-	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
-	int			b;
+	int			c;
 
 	SpinLockAcquire(&slot->mutex);
 	slot->pages += r->pages;
-	slot->retries += r->retries;
-	for (b = 0; b < lengthof(slot->failures); b++)
-		slot->failures[b] += r->failures[b];
+	slot->v.retries += r->retries;
+	for (c = 0; c < lengthof(slot->v.failures); c++)
+		slot->v.failures[c] += r->failures[c];
 	if (r->brokers_up != OUTBOX_BROKERS_UNCHANGED)
-		slot->brokers_up = r->brokers_up;
-	if (t->events > 0)
+		slot->v.brokers_up = r->brokers_up;
+	if (r->delivered.events > 0)
 	{
-		if (w->period != period)
-		{
-			memset(w, 0, sizeof(OutboxWindow));
-			w->period = period;
-		}
-		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
-		{
-			slot->latency[b] += t->latency[b];
-			w->latency[b] += t->latency[b];
-		}
-		slot->latency_sum += t->latency_sum;
-		slot->published += t->events;
-		slot->published_bytes += t->bytes;
-		w->events += t->events;
-		w->bytes += t->bytes;
-		slot->last_delivery = now;
+		add_delivered(slot, &r->delivered, now);
 		if (r->batch_events)
-			slot->batch_remaining = Max(slot->batch_remaining - (int64) t->events, 0);
+			leave_batch(slot, (int64) r->delivered.events);
 	}
 	if (r->set_backlog)
-	{
-		if (r->batch_opened)
-			slot->committed_at_open = slot->committed_events;
-		slot->batch_remaining = Max(r->batch_remaining, 0);
-		if (r->oldest_pending >= 0)
-			slot->oldest_pending = r->oldest_pending;
-		slot->page_size = r->page_size;
-	}
+		set_backlog(slot, r->batch_opened, r->batch_remaining,
+					r->oldest_pending, r->page_size);
 	SpinLockRelease(&slot->mutex);
 }
 
-/*
- * OutboxSlotSetBacklog
- *		Relay: where it stands.  remaining: events of the open batch not yet
- *		settled; batch_opened: the batch was just opened (or found empty), so
- *		from now on the backlog is remaining plus what commits later.
- *		oldest: created_at of the oldest event not yet delivered, 0 when
- *		none, -1 to keep the last one.
- */
+/* old per-page setters: removed when relay.c uses OutboxSlotReportRound */
+
+void
+OutboxSlotCountPage(OutboxSlot *slot)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->pages++;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (tally->events == 0)
+		return;
+	SpinLockAcquire(&slot->mutex);
+	add_delivered(slot, tally, now);
+	SpinLockRelease(&slot->mutex);
+}
+
 void
 OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 					 TimestampTz oldest, int page_size)
 {
 	SpinLockAcquire(&slot->mutex);
-	if (batch_opened)
-		slot->committed_at_open = slot->committed_events;
-	slot->batch_remaining = Max(remaining, 0);
-	if (oldest >= 0)
-		slot->oldest_pending = oldest;
-	slot->page_size = page_size;
+	set_backlog(slot, batch_opened, remaining, oldest, page_size);
 	SpinLockRelease(&slot->mutex);
 }
 
-/*
- * OutboxSlotCountBatchDelivered
- *		Relay: events of the open batch were acknowledged.  They leave the
- *		backlog now rather than when their whole page settles, so that the
- *		part of a page delivered before an outage is not counted as pending
- *		for as long as the outage lasts.  The next OutboxSlotSetBacklog
- *		sets the figure again from the relay's own count.
- */
 void
 OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->batch_remaining = Max(slot->batch_remaining - events, 0);
+	leave_batch(slot, events);
 	SpinLockRelease(&slot->mutex);
 }
 
@@ -855,7 +1024,7 @@ void
 OutboxSlotCountRetries(OutboxSlot *slot, int events)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->retries += events;
+	slot->v.retries += events;
 	SpinLockRelease(&slot->mutex);
 }
 
@@ -863,99 +1032,14 @@ void
 OutboxSlotSetBrokersUp(OutboxSlot *slot, int up)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->brokers_up = up;
+	slot->v.brokers_up = up;
 	SpinLockRelease(&slot->mutex);
 }
 
-/*
- * OutboxSlotCountError
- *		Relay: record the last error for status().
- */
-void
-OutboxSlotCountError(OutboxSlot *slot, const char *message)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&slot->mutex);
-	slot->last_error_at = now;
-	strlcpy(slot->last_error, message, sizeof(slot->last_error));
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxSlotMarkNoExtension
- *		Relay, before exiting: its database has no outbox extension, so the
- *		launcher should not restart it.
- */
-void
-OutboxSlotMarkNoExtension(OutboxSlot *slot)
-{
-	SpinLockAcquire(&slot->mutex);
-	slot->no_extension = true;
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxSlotTakeReplayPending
- *		Relay: whether replays were queued since the last call.
- */
-bool
-OutboxSlotTakeReplayPending(OutboxSlot *slot)
-{
-	bool		pending;
-
-	SpinLockAcquire(&slot->mutex);
-	pending = slot->replay_pending;
-	slot->replay_pending = false;
-	SpinLockRelease(&slot->mutex);
-	return pending;
-}
-
-/*
- * OutboxSlotCountFailure
- *		Relay: one event's delivery failed with an error of class c.
- */
 void
 OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->failures[c]++;
+	slot->v.failures[c]++;
 	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxRequestExtensionCheck
- *		DROP EXTENSION outbox committed: have dboid's relay look whether its
- *		extension is still there, even while it is paused.
- */
-void
-OutboxRequestExtensionCheck(Oid dboid)
-{
-	OutboxSlot *slot = OutboxSlotFind(dboid);
-	Latch	   *latch = NULL;
-
-	if (slot == NULL)
-		return;
-	SpinLockAcquire(&slot->mutex);
-	slot->check_extension = true;
-	latch = slot->latch;
-	SpinLockRelease(&slot->mutex);
-	if (latch != NULL)
-		SetLatch(latch);
-}
-
-/*
- * OutboxSlotTakeExtensionCheck
- *		Relay: whether a check was requested since the last call.
- */
-bool
-OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
-{
-	bool		check;
-
-	SpinLockAcquire(&slot->mutex);
-	check = slot->check_extension;
-	slot->check_extension = false;
-	SpinLockRelease(&slot->mutex);
-	return check;
 }
