@@ -4,7 +4,8 @@ EXTENSION = outbox
 EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/emit.o src/launcher.o src/relay.o \
-	src/store.o src/kafka.o src/status.o src/probe.o src/utility.o
+	src/store.o src/kafka.o src/status.o src/probe.o src/utility.o \
+	src/handoff.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)

@@ -136,7 +136,6 @@ typedef enum OutboxRelayState
 extern const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1];
 
 #define OUTBOX_LAST_ERROR_LEN		256
-#define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
 
 /* one relay's slot: only the relay attached to it holds a pointer */
 typedef struct OutboxSlot OutboxSlot;
@@ -203,12 +202,6 @@ typedef struct OutboxRoundReport
 	int			page_size;
 } OutboxRoundReport;
 
-/* probe workers: does a database have the extension? */
-#define OUTBOX_MAX_PROBES			64
-#define OUTBOX_PROBE_UNKNOWN		0
-#define OUTBOX_PROBE_EXTENSION		1
-#define OUTBOX_PROBE_NO_EXTENSION	2
-
 extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
 extern const char *OutboxRelayStateName(OutboxRelayState state);
@@ -216,22 +209,12 @@ extern const char *OutboxRelayStateName(OutboxRelayState state);
 /* user backends: commits and the utility hook */
 extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
 extern void OutboxRequestExtensionCheck(Oid dboid);
-extern void OutboxRequestProbe(Oid dboid);
 extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
-extern void OutboxPreparedRemember(const char *gid, Oid dboid, int events,
-								   bool replay);
-extern bool OutboxPreparedTake(const char *gid, Oid dboid, int *events,
-							   bool *replay);
 
-/* the launcher and its probes */
-extern bool OutboxLauncherAttach(void);
-extern int	OutboxLauncherTakeRequests(Oid *out);
+/* the launcher */
 extern void OutboxSetNoWorker(bool short_of_workers);
 extern bool OutboxSlotAcquire(Oid dboid, bool *held);
 extern void OutboxSlotRelease(Oid dboid);
-extern bool OutboxProbeBegin(Oid dboid);
-extern void OutboxProbeReport(Oid dboid, bool has_extension);
-extern int	OutboxProbeTake(Oid dboid);
 
 /* readers: the launcher, status(), metrics(), health() */
 extern bool OutboxSlotRead(Oid dboid, OutboxSlotView *out);
@@ -257,6 +240,28 @@ extern void OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events);
 extern void OutboxSlotCountRetries(OutboxSlot *slot, int events);
 extern void OutboxSlotSetBrokersUp(OutboxSlot *slot, int up);
 extern void OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c);
+
+/* handoff.c: the launcher's sign-on, probe requests and answers, prepared counts */
+#define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
+/* probe workers: does a database have the extension? */
+#define OUTBOX_MAX_PROBES			64
+#define OUTBOX_PROBE_UNKNOWN		0
+#define OUTBOX_PROBE_EXTENSION		1
+#define OUTBOX_PROBE_NO_EXTENSION	2
+
+extern void OutboxHandoffShmemRequest(void);
+extern void OutboxHandoffShmemInit(void);
+extern bool OutboxLauncherAttach(void);
+extern void OutboxWakeLauncher(void);
+extern int	OutboxLauncherTakeRequests(Oid *out);
+extern void OutboxRequestProbe(Oid dboid);
+extern bool OutboxProbeBegin(Oid dboid);
+extern void OutboxProbeReport(Oid dboid, bool has_extension);
+extern int	OutboxProbeTake(Oid dboid);
+extern void OutboxPreparedRemember(const char *gid, Oid dboid, int events,
+								   bool replay);
+extern bool OutboxPreparedTake(const char *gid, Oid dboid, int *events,
+							   bool *replay);
 
 /* kafka.c */
 typedef struct OutboxProducer OutboxProducer;

@@ -1,26 +1,28 @@
 /*-------------------------------------------------------------------------
  *
  * shmem.c
- *		Shared state of the outbox: relay slots, the launcher's fields and
- *		request list, probe answers, prepared transactions' event counts.
- *		Only this file knows their layout; others call the functions below.
+ *		The outbox's shared memory: the hooks that create it, and the relay
+ *		slots, one per database with a relay.  Only this file knows a
+ *		slot's layout; others call the functions below.  The small tables
+ *		through which the launcher, probes and backends pass word to each
+ *		other are handoff.c's, in an area of their own under a lock of their
+ *		own; this file only asks for their space.
  *
  * Locking protocol (written as pg_stat_statements writes its own):
- *	- outbox_shared->lock, the one LWLock of the "outbox" tranche, protects
- *	  which database each slot belongs to (slot->dboid) and every field of
- *	  OutboxShared outside the slots: the launcher's pid and latch,
- *	  no_worker_since, the request list, the probe and prepared tables.
- *	  Held exclusively to change one of them (assign or free a slot,
- *	  attach a relay to its slot, sign a process on or off as launcher),
- *	  shared to find a slot by database or read those fields.
+ *	- outbox_shared->lock, the LWLock of the "outbox" tranche, protects
+ *	  which database each slot belongs to (slot->dboid) and
+ *	  no_worker_since.  Held exclusively to change them (assign or free a
+ *	  slot, attach a relay to its slot, record a lack of workers) and to
+ *	  signal a relay; shared to find a slot by database or read them.
  *	- slot->mutex, the slot's spinlock, protects every other field of the
  *	  slot.  It is taken with the LWLock held in either mode, so that the
  *	  slot still belongs to the database it was found for; the one
  *	  exception is the relay attached to the slot (below).  While it is
  *	  held nothing is done but a few assignments or a copy.
- *	- Lock order: the LWLock, then one slot's spinlock.  No slot pointer
- *	  leaves this file except the relay's own: readers get a copy
- *	  (OutboxSlotRead), everyone else names the database.
+ *	- Lock order: the LWLock, then one slot's spinlock.  handoff.c's lock
+ *	  is never taken while either is held.  No slot pointer leaves this
+ *	  file except the relay's own: readers get a copy (OutboxSlotRead),
+ *	  everyone else names the database.
  *	- A relay owns its slot from OutboxSlotAttach to OutboxSlotDetach: a
  *	  slot with a relay attached (pid != 0) is never freed or handed to
  *	  another database, so the relay keeps the pointer and takes only the
@@ -28,16 +30,16 @@
  *	  made under the exclusive LWLock and only when no other relay holds
  *	  the slot.
  *	- Who writes what: committing backends add to committed_events and
- *	  set replay_pending, check_extension, hold_until and, at the first
- *	  commit into an empty backlog, oldest_pending; the launcher assigns,
- *	  resets and frees slots; the attached relay writes everything else.
+ *	  set replay_pending, check_extension and, at the first commit into an
+ *	  empty backlog, oldest_pending; commands needing a database to
+ *	  themselves set hold_until; the launcher assigns, resets and frees
+ *	  slots; the attached relay writes everything else.
  *	- Liveness is never judged by kill(pid, 0), which a reused pid fools.
- *	  The relay and the launcher clear their pid when they exit
- *	  (before_shmem_exit, so also on ERROR), so a non-zero pid names a live
- *	  process; a crash of any backend resets shared memory, so no pid
- *	  survives one.  A pid is signalled only under the exclusive LWLock,
- *	  which its owner needs to clear it, so the signal cannot reach a
- *	  process that has reused the pid.
+ *	  A relay clears its pid when it exits (before_shmem_exit, so also on
+ *	  ERROR), so a non-zero pid names a live relay; a crash of any backend
+ *	  resets shared memory, so no pid survives one.  A relay is signalled
+ *	  only under the exclusive LWLock, which it needs to clear its pid, so
+ *	  the signal cannot reach a process that has reused the pid.
  *	- A committing backend takes the LWLock shared and one spinlock, sets
  *	  the relay's latch after releasing both, and waits for nothing else.
  *
@@ -49,7 +51,6 @@
 
 #include <signal.h>
 
-#include "access/twophase.h"
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
@@ -98,43 +99,16 @@ struct OutboxSlot
 	OutboxSlotView v;
 };
 
-/* a probe worker's answer: does this database have the extension? */
-typedef struct OutboxProbe
-{
-	Oid			dboid;			/* InvalidOid: entry free */
-	int			result;			/* OUTBOX_PROBE_* */
-} OutboxProbe;
-
-/*
- * A prepared transaction that emitted events: COMMIT PREPARED adds them to
- * the backlog and wakes the relay, as a plain commit does.
- */
-typedef struct OutboxPrepared
-{
-	Oid			dboid;			/* InvalidOid: entry free */
-	int			events;
-	bool		replay;
-	char		gid[GIDSIZE];
-} OutboxPrepared;
-
 typedef struct OutboxShared
 {
 	LWLock	   *lock;
-	int			launcher_pid;	/* 0 when no launcher runs */
-	Latch	   *launcher_latch;
 	TimestampTz no_worker_since;	/* launcher lacks a worker slot, or 0 */
-	int			nrequests;
-	Oid			requests[OUTBOX_MAX_REQUESTS];
-	OutboxProbe probes[OUTBOX_MAX_PROBES];
-	int			nprepared;		/* entries after the slots: PREPARED_ENTRIES */
 	int			nslots;
 	OutboxSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
 
 static OutboxShared *outbox_shared = NULL;
 
-#define PREPARED_ENTRIES() \
-	((OutboxPrepared *) ((char *) outbox_shared + MAXALIGN(outbox_slots_size())))
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
@@ -153,17 +127,10 @@ StaticAssertDecl(lengthof(relay_state_names) == OUTBOX_RELAY_NSTATES,
 				 "a relay state has no name");
 
 static Size
-outbox_slots_size(void)
+outbox_shmem_size(void)
 {
 	return add_size(offsetof(OutboxShared, slots),
 					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
-}
-
-static Size
-outbox_shmem_size(void)
-{
-	return add_size(MAXALIGN(outbox_slots_size()),
-					mul_size(max_prepared_xacts, sizeof(OutboxPrepared)));
 }
 
 static void
@@ -173,6 +140,7 @@ outbox_shmem_request(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(outbox_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
+	OutboxHandoffShmemRequest();
 }
 
 static void
@@ -193,8 +161,8 @@ outbox_shmem_startup(void)
 		outbox_shared->nslots = outbox_max_databases;
 		for (i = 0; i < outbox_shared->nslots; i++)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
-		outbox_shared->nprepared = max_prepared_xacts;
 	}
+	OutboxHandoffShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -250,13 +218,13 @@ find_slot_locked(Oid dboid)
  */
 
 /*
- * OutboxWakeRelay
- *		Set the latch of dboid's relay, if one runs.  Called at commit;
- *		replay says the commit queued replays for it, events how many
- *		events it emitted.
+ * tell_relay
+ *		A commit's news for dboid's relay, if it has a slot: events emitted
+ *		(replay: replays queued), or check_extension: DROP EXTENSION outbox
+ *		committed.  Its latch is set after the locks are released.
  */
-void
-OutboxWakeRelay(Oid dboid, bool replay, int events)
+static void
+tell_relay(Oid dboid, bool replay, int events, bool check_extension)
 {
 	OutboxSlot *slot;
 	Latch	   *latch = NULL;
@@ -270,10 +238,11 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 	{
 		SpinLockAcquire(&slot->mutex);
 		/* a paused relay reads everything when it resumes: let it sleep */
-		latch = (slot->v.state == OUTBOX_RELAY_PAUSED ||
-				 slot->v.state == OUTBOX_RELAY_NOT_CONFIGURED) ? NULL : slot->latch;
-		if (replay)
-			slot->replay_pending = true;
+		if (check_extension || (slot->v.state != OUTBOX_RELAY_PAUSED &&
+								slot->v.state != OUTBOX_RELAY_NOT_CONFIGURED))
+			latch = slot->latch;
+		slot->check_extension |= check_extension;
+		slot->replay_pending |= replay;
 		slot->committed_events += events;
 
 		/*
@@ -292,6 +261,17 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 }
 
 /*
+ * OutboxWakeRelay
+ *		At commit: the transaction emitted events into dboid (and queued
+ *		replays); wake its relay unless it is paused.
+ */
+void
+OutboxWakeRelay(Oid dboid, bool replay, int events)
+{
+	tell_relay(dboid, replay, events, false);
+}
+
+/*
  * OutboxRequestExtensionCheck
  *		DROP EXTENSION outbox committed: have dboid's relay look whether its
  *		extension is still there, even while it is paused.
@@ -299,45 +279,7 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 void
 OutboxRequestExtensionCheck(Oid dboid)
 {
-	OutboxSlot *slot;
-	Latch	   *latch = NULL;
-
-	if (outbox_shared == NULL)
-		return;
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	slot = find_slot_locked(dboid);
-	if (slot != NULL)
-	{
-		SpinLockAcquire(&slot->mutex);
-		slot->check_extension = true;
-		latch = slot->latch;
-		SpinLockRelease(&slot->mutex);
-	}
-	LWLockRelease(outbox_shared->lock);
-	if (latch != NULL)
-		SetLatch(latch);
-}
-
-/*
- * OutboxRequestProbe
- *		Ask the launcher to look at dboid now (the extension was created).
- *		While OUTBOX_MAX_REQUESTS requests wait the request is dropped; the
- *		launcher takes them all each time it wakes.
- */
-void
-OutboxRequestProbe(Oid dboid)
-{
-	Latch	   *latch = NULL;
-
-	if (outbox_shared == NULL)
-		return;
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->nrequests < OUTBOX_MAX_REQUESTS)
-		outbox_shared->requests[outbox_shared->nrequests++] = dboid;
-	latch = outbox_shared->launcher_latch;
-	LWLockRelease(outbox_shared->lock);
-	if (latch != NULL)
-		SetLatch(latch);
+	tell_relay(dboid, false, 0, true);
 }
 
 /*
@@ -373,125 +315,8 @@ OutboxHoldDatabase(Oid dboid, int hold_ms)
 }
 
 /*
- * OutboxPreparedRemember
- *		At PREPARE TRANSACTION gid: the transaction emitted events (and
- *		queued replays) in dboid.  When the table is full the count is lost
- *		and the backlog catches up when the relay opens its next batch.
+ * ---- Called by the launcher ----
  */
-void
-OutboxPreparedRemember(const char *gid, Oid dboid, int events, bool replay)
-{
-	OutboxPrepared *entries;
-	int			i;
-
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
-	{
-		if (OidIsValid(entries[i].dboid))
-			continue;
-		entries[i].dboid = dboid;
-		entries[i].events = events;
-		entries[i].replay = replay;
-		strlcpy(entries[i].gid, gid, GIDSIZE);
-		break;
-	}
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxPreparedTake
- *		COMMIT or ROLLBACK PREPARED gid finished in dboid: forget it and
- *		return what PREPARE recorded (false when nothing was).
- */
-bool
-OutboxPreparedTake(const char *gid, Oid dboid, int *events, bool *replay)
-{
-	OutboxPrepared *entries;
-	bool		found = false;
-	int			i;
-
-	*events = 0;
-	*replay = false;
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return false;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
-	{
-		if (entries[i].dboid != dboid || strcmp(entries[i].gid, gid) != 0)
-			continue;
-		*events = entries[i].events;
-		*replay = entries[i].replay;
-		entries[i].dboid = InvalidOid;
-		found = true;
-		break;
-	}
-	LWLockRelease(outbox_shared->lock);
-	return found;
-}
-
-/*
- * ---- Called by the launcher and the probes ----
- */
-
-static void
-launcher_detach(int code, Datum arg)
-{
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->launcher_pid == MyProcPid)
-	{
-		outbox_shared->launcher_pid = 0;
-		outbox_shared->launcher_latch = NULL;
-	}
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxLauncherAttach
- *		Record the calling process as the launcher until it exits.  Returns
- *		false when another launcher is alive (the caller then exits).  The
- *		launcher clears its pid when it exits, so a recorded pid is alive.
- */
-bool
-OutboxLauncherAttach(void)
-{
-	bool		ok = true;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->launcher_pid != 0 &&
-		outbox_shared->launcher_pid != MyProcPid)
-		ok = false;
-	else
-	{
-		outbox_shared->launcher_pid = MyProcPid;
-		outbox_shared->launcher_latch = MyLatch;
-	}
-	LWLockRelease(outbox_shared->lock);
-	if (ok)
-		before_shmem_exit(launcher_detach, (Datum) 0);
-	return ok;
-}
-
-/*
- * OutboxLauncherTakeRequests
- *		Move the pending probe requests into out, which has room for
- *		OUTBOX_MAX_REQUESTS; returns how many.
- */
-int
-OutboxLauncherTakeRequests(Oid *out)
-{
-	int			n;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	n = outbox_shared->nrequests;
-	memcpy(out, outbox_shared->requests, n * sizeof(Oid));
-	outbox_shared->nrequests = 0;
-	LWLockRelease(outbox_shared->lock);
-	return n;
-}
 
 /*
  * OutboxSetNoWorker
@@ -571,83 +396,13 @@ OutboxSlotRelease(Oid dboid)
 }
 
 /*
- * OutboxProbeBegin
- *		Launcher: reserve an entry for a probe of dboid.  False when the
- *		table is full (probe later).
- */
-bool
-OutboxProbeBegin(Oid dboid)
-{
-	int			i;
-	int			free_entry = -1;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
-	{
-		if (outbox_shared->probes[i].dboid == dboid)
-		{
-			free_entry = i;
-			break;
-		}
-		if (!OidIsValid(outbox_shared->probes[i].dboid) && free_entry < 0)
-			free_entry = i;
-	}
-	if (free_entry >= 0)
-	{
-		outbox_shared->probes[free_entry].dboid = dboid;
-		outbox_shared->probes[free_entry].result = OUTBOX_PROBE_UNKNOWN;
-	}
-	LWLockRelease(outbox_shared->lock);
-	return free_entry >= 0;
-}
-
-/*
- * OutboxProbeReport
- *		Probe worker: whether its database has the extension.
- */
-void
-OutboxProbeReport(Oid dboid, bool has_extension)
-{
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
-		if (outbox_shared->probes[i].dboid == dboid)
-			outbox_shared->probes[i].result = has_extension ?
-				OUTBOX_PROBE_EXTENSION : OUTBOX_PROBE_NO_EXTENSION;
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxProbeTake
- *		Launcher, once the probe of dboid stopped: its answer
- *		(OUTBOX_PROBE_UNKNOWN when it reported none); frees the entry.
- */
-int
-OutboxProbeTake(Oid dboid)
-{
-	int			result = OUTBOX_PROBE_UNKNOWN;
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
-		if (outbox_shared->probes[i].dboid == dboid)
-		{
-			result = outbox_shared->probes[i].result;
-			outbox_shared->probes[i].dboid = InvalidOid;
-		}
-	LWLockRelease(outbox_shared->lock);
-	return result;
-}
-
-/*
  * ---- Readers: the launcher, status(), metrics(), health() ----
  */
 
 /*
  * view_from_copy
  *		Fill out from a private copy of a slot (no lock needed): its figures,
- *		and those derived as of now.
+ *		and the backlog and the last minute's, derived as of now.
  */
 static void
 view_from_copy(const OutboxSlot *s, OutboxSlotView *out)
@@ -686,8 +441,6 @@ OutboxSlotRead(Oid dboid, OutboxSlotView *out)
 {
 	OutboxSlot	copy;
 	OutboxSlot *slot = NULL;
-	bool		full = false;
-	TimestampTz no_worker_since = 0;
 	int			in_use = 0;
 	int			i;
 
@@ -710,13 +463,11 @@ OutboxSlotRead(Oid dboid, OutboxSlotView *out)
 			memcpy(&copy, slot, sizeof(OutboxSlot));
 			SpinLockRelease(&slot->mutex);
 		}
-		full = in_use >= outbox_shared->nslots;
-		no_worker_since = outbox_shared->no_worker_since;
+		copy.v.slots_full = in_use >= outbox_shared->nslots;
+		copy.v.no_worker_since = outbox_shared->no_worker_since;
 		LWLockRelease(outbox_shared->lock);
 	}
 	view_from_copy(&copy, out);
-	out->slots_full = full;
-	out->no_worker_since = no_worker_since;
 	return slot != NULL;
 }
 
@@ -773,7 +524,7 @@ OutboxSlotAttach(Oid dboid, int *other_pid)
 void
 OutboxSlotDetach(OutboxSlot *slot)
 {
-	Latch	   *launcher = NULL;
+	bool		detached = false;
 
 	LWLockAcquire(outbox_shared->lock, LW_SHARED);
 	SpinLockAcquire(&slot->mutex);
@@ -782,14 +533,18 @@ OutboxSlotDetach(OutboxSlot *slot)
 		slot->v.pid = 0;
 		slot->latch = NULL;
 		slot->v.state = OUTBOX_RELAY_STOPPED;
-		launcher = outbox_shared->launcher_latch;
+		detached = true;
 	}
 	SpinLockRelease(&slot->mutex);
 	LWLockRelease(outbox_shared->lock);
-	if (launcher != NULL)
-		SetLatch(launcher);
+	if (detached)
+		OutboxWakeLauncher();
 }
 
+/*
+ * OutboxSlotSetState
+ *		Relay: what it is doing now, for status() and health().
+ */
 void
 OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
 {
@@ -842,6 +597,19 @@ OutboxSlotCountError(OutboxSlot *slot, const char *message)
 	SpinLockRelease(&slot->mutex);
 }
 
+/* read and clear one of the slot's flags */
+static bool
+take_flag(OutboxSlot *slot, bool *flag)
+{
+	bool		value;
+
+	SpinLockAcquire(&slot->mutex);
+	value = *flag;
+	*flag = false;
+	SpinLockRelease(&slot->mutex);
+	return value;
+}
+
 /*
  * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
  *		Relay: whether replays were queued (a DROP EXTENSION committed)
@@ -850,25 +618,13 @@ OutboxSlotCountError(OutboxSlot *slot, const char *message)
 bool
 OutboxSlotTakeReplayPending(OutboxSlot *slot)
 {
-	bool		pending;
-
-	SpinLockAcquire(&slot->mutex);
-	pending = slot->replay_pending;
-	slot->replay_pending = false;
-	SpinLockRelease(&slot->mutex);
-	return pending;
+	return take_flag(slot, &slot->replay_pending);
 }
 
 bool
 OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
 {
-	bool		check;
-
-	SpinLockAcquire(&slot->mutex);
-	check = slot->check_extension;
-	slot->check_extension = false;
-	SpinLockRelease(&slot->mutex);
-	return check;
+	return take_flag(slot, &slot->check_extension);
 }
 
 const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
@@ -986,30 +742,25 @@ OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 void
 OutboxSlotCountPage(OutboxSlot *slot)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->pages++;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.pages = 1, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
 void
 OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 {
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (tally->events == 0)
-		return;
-	SpinLockAcquire(&slot->mutex);
-	add_delivered(slot, tally, now);
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.delivered = *tally, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
 void
 OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 					 TimestampTz oldest, int page_size)
 {
-	SpinLockAcquire(&slot->mutex);
-	set_backlog(slot, batch_opened, remaining, oldest, page_size);
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.set_backlog = true, .batch_opened = batch_opened,
+		.batch_remaining = remaining, .oldest_pending = oldest,
+		.page_size = page_size, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
 void
@@ -1023,23 +774,21 @@ OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events)
 void
 OutboxSlotCountRetries(OutboxSlot *slot, int events)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->v.retries += events;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.retries = events, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
 void
 OutboxSlotSetBrokersUp(OutboxSlot *slot, int up)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->v.brokers_up = up;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {.brokers_up = up});
 }
 
 void
 OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->v.failures[c]++;
-	SpinLockRelease(&slot->mutex);
+	OutboxRoundReport r = {.brokers_up = OUTBOX_BROKERS_UNCHANGED};
+
+	r.failures[c] = 1;
+	OutboxSlotReportRound(slot, &r);
 }
