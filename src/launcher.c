@@ -78,7 +78,6 @@ static List *entries = NIL;
 static TimestampTz last_no_slot_log = 0;
 static int	probes_running = 0;
 
-
 /*
  * OutboxLauncherRegisterStatic
  *		Register the launcher with the postmaster (preload only).
