@@ -612,7 +612,7 @@ take_flag(OutboxSlot *slot, bool *flag)
 
 /*
  * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
- *		Relay: whether replays were queued (a DROP EXTENSION committed)
+ *		Relay: whether replays were queued, or a DROP EXTENSION committed,
  *		since the last call.
  */
 bool
@@ -627,6 +627,7 @@ OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
 	return take_flag(slot, &slot->check_extension);
 }
 
+/* the publish latency histogram's bucket bounds, microseconds */
 const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
 	100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
 	250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000
