@@ -118,7 +118,7 @@ extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
 extern bool OutboxTopicPatternsAreValid(const char *patterns, char **bad);
 extern void OutboxEmitInit(void);
 
-/* shmem.c: the layout of shared memory and its locks are private to it */
+/* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState
 {
 	OUTBOX_RELAY_STARTING = 0,

@@ -112,11 +112,14 @@ static OutboxShared *outbox_shared = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-/* what operators see, by OutboxRelayState; the one spelling of each */
+/*
+ * What operators see, by OutboxRelayState; the one spelling of each.  States
+ * sharing a name are adjacent: metrics() lists each name once.
+ */
 static const char *const relay_state_names[] = {
 	[OUTBOX_RELAY_STARTING] = "starting",
 	[OUTBOX_RELAY_IDLE] = "running",
-	[OUTBOX_RELAY_PUBLISHING] = "running",
+	[OUTBOX_RELAY_PUBLISHING] = "running",	/* operators see one state */
 	[OUTBOX_RELAY_PAUSED] = "paused",
 	[OUTBOX_RELAY_BACKING_OFF] = "backing off",
 	[OUTBOX_RELAY_NOT_CONFIGURED] = "not configured",
