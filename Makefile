@@ -2,9 +2,10 @@
 
 EXTENSION = outbox
 MODULE_big = outbox
-OBJS = src/outbox.o src/shmem.o src/emit.o src/topic.o src/sequence.o \
-	src/launcher.o src/relay.o src/store.o src/store_dead.o src/store_upkeep.o \
-	src/kafka.o src/status.o src/probe.o
+OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
+	src/topic.o src/sequence.o src/launcher.o src/relay.o \
+	src/store.o src/store_dead.o \
+	src/store_upkeep.o src/kafka.o src/status.o src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)

@@ -2,8 +2,9 @@
  *
  * launcher.c
  *		The launcher: decides which databases get a relay, starts them and
- *		restarts them; plus the utility hook that keeps relays out of the way
- *		of commands needing a database to themselves.
+ *		restarts them.  (The utility hook, which runs in user backends and
+ *		keeps relays out of the way of commands needing a database to
+ *		themselves, is in utility.c.)
  *
  * Invariants:
  *	- The launcher connects to no database: it reads only the shared
@@ -21,6 +22,11 @@
  *	  OUTBOX_RESTART_DELAY_MS, unless a command holds its database.
  *	- It starts only when recovery is finished: relays never run on a
  *	  standby, and a promoted standby starts them.
+ *	- At most one launcher: it signs on in shared memory at start
+ *	  (OutboxLauncherAttach) and off when it exits, so a launcher restarted
+ *	  by the postmaster finds the place free; one that finds it taken exits.
+ *	- It keeps no pointer into shared memory: it names the database and
+ *	  reads a copy of its slot (OutboxSlotRead).
  *
  *-------------------------------------------------------------------------
  */
@@ -32,20 +38,15 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_database.h"
-#include "commands/defrem.h"
 #include "commands/dbcommands.h"
 #include "miscadmin.h"
-#include "nodes/parsenodes.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "tcop/utility.h"
-#include "utils/acl.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
-#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -57,7 +58,6 @@ static uint32 wait_main_event;
 #define OUTBOX_RESTART_DELAY_MS		1000
 #define OUTBOX_RESCAN_INTERVAL_MS	10000
 #define OUTBOX_NO_WORKER_RETRY_MS	5000
-#define OUTBOX_HOLD_MS				10000
 #define OUTBOX_PROBES_AT_ONCE		2
 #define OUTBOX_PROBE_WAIT_MS		100
 
@@ -77,11 +77,6 @@ typedef struct RelayEntry
 static List *entries = NIL;
 static TimestampTz last_no_slot_log = 0;
 static int	probes_running = 0;
-
-static ProcessUtility_hook_type prev_utility_hook = NULL;
-static bool probe_at_commit = false;
-static bool wake_at_commit = false;
-static char preparing_gid[GIDSIZE];
 
 /*
  * OutboxLauncherRegisterStatic
@@ -256,9 +251,11 @@ register_worker(RelayEntry *entry, bool probe, TimestampTz now)
 static void
 start_worker(RelayEntry *entry, TimestampTz now)
 {
-	OutboxSlot *slot = OutboxSlotFind(entry->dboid);
+	OutboxSlotView view;
+	bool		has_slot = OutboxSlotRead(entry->dboid, &view);
+	bool		held;
 
-	if (slot != NULL && OutboxSlotRelayPid(slot) != 0)
+	if (view.pid != 0)
 	{
 		entry->adopted = true;
 		entry->has_extension = true;
@@ -269,7 +266,7 @@ start_worker(RelayEntry *entry, TimestampTz now)
 	 * A slot assigned to the database means a relay found the extension
 	 * there; otherwise a probe finds out first, without taking a slot.
 	 */
-	if (slot == NULL && !entry->has_extension)
+	if (!has_slot && !entry->has_extension)
 	{
 		/*
 		 * A few probes at a time: a server with many databases must not
@@ -288,8 +285,7 @@ start_worker(RelayEntry *entry, TimestampTz now)
 		return;
 	}
 
-	slot = OutboxSlotAcquire(entry->dboid);
-	if (slot == NULL)
+	if (!OutboxSlotAcquire(entry->dboid, &held))
 	{
 		if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
 		{
@@ -306,7 +302,7 @@ start_worker(RelayEntry *entry, TimestampTz now)
 		entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESCAN_INTERVAL_MS);
 		return;
 	}
-	if (OutboxSlotIsHeld(slot))
+	if (held)
 	{
 		entry->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 		return;
@@ -344,14 +340,10 @@ worker_stopped(RelayEntry *entry, TimestampTz now)
 	}
 	else
 	{
-		OutboxSlot *slot = OutboxSlotFind(entry->dboid);
+		OutboxSlotView view;
 
-		if (slot != NULL)
-		{
-			SpinLockAcquire(&slot->mutex);
-			no_extension = slot->no_extension;
-			SpinLockRelease(&slot->mutex);
-		}
+		if (OutboxSlotRead(entry->dboid, &view))
+			no_extension = view.no_extension;
 		if (no_extension)
 		{
 			entry->has_extension = false;
@@ -407,10 +399,10 @@ supervise(void)
 		}
 		if (entry->adopted)
 		{
-			OutboxSlot *slot = OutboxSlotFind(entry->dboid);
+			OutboxSlotView view;
 
 			/* its exit sets our latch; the timeout is only a backstop */
-			if (slot != NULL && OutboxSlotRelayPid(slot) != 0)
+			if (OutboxSlotRead(entry->dboid, &view) && view.pid != 0)
 			{
 				sleep = Min(sleep, OUTBOX_RESTART_DELAY_MS);
 				continue;
@@ -454,7 +446,7 @@ OutboxLauncherMain(Datum main_arg)
 
 	while (!ShutdownRequestPending)
 	{
-		Oid			requests[64];
+		Oid			requests[OUTBOX_MAX_REQUESTS];
 		int			n;
 		int			i;
 		long		sleep;
@@ -466,17 +458,11 @@ OutboxLauncherMain(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 
-		n = OutboxLauncherTakeRequests(requests, lengthof(requests));
+		n = OutboxLauncherTakeRequests(requests);
 		for (i = 0; i < n; i++)
 		{
-			RelayEntry *entry;
+			RelayEntry *entry = find_entry(requests[i], true);
 
-			if (!OidIsValid(requests[i]))
-			{
-				last_scan = 0;
-				continue;
-			}
-			entry = find_entry(requests[i], true);
 			entry->wanted = true;
 			entry->seen = true;
 			entry->next_start = 0;
@@ -499,256 +485,4 @@ OutboxLauncherMain(Datum main_arg)
 
 	/* relays get SIGTERM from the postmaster themselves */
 	proc_exit(1);
-}
-
-/*
- * Utility hook: commands that need a database with no other connection
- * first stop that database's relay and hold it off; CREATE and DROP
- * EXTENSION outbox tell the launcher or relay at commit; COMMIT PREPARED
- * wakes the relay as a plain commit does.
- *
- * The hold is taken only for a command that will go on past its checks:
- * any login role can type DROP DATABASE, and a refused one must not stop
- * someone else's relay.  So the hook repeats the checks that come first
- * in the command itself (the database exists and is not the current one,
- * the caller owns it, may create databases, the command runs outside a
- * transaction block); if a later check refuses the command, the relay is
- * back after the hold.
- */
-
-/*
- * runs_outside_block
- *		Whether a command that calls PreventInTransactionBlock() will pass
- *		that check.
- */
-static bool
-runs_outside_block(ProcessUtilityContext context)
-{
-	return context == PROCESS_UTILITY_TOPLEVEL &&
-		!IsTransactionBlock() && !IsSubTransaction();
-}
-
-/*
- * other_database
- *		The OID of database name if it exists and is not the current one
- *		(a command on the current database is refused), else InvalidOid.
- */
-static Oid
-other_database(const char *name)
-{
-	Oid			dboid;
-
-	if (name == NULL)
-		return InvalidOid;
-	dboid = get_database_oid(name, true);
-	if (dboid == MyDatabaseId)
-		return InvalidOid;
-	return dboid;
-}
-
-static bool
-owns_database(Oid dboid)
-{
-	return OidIsValid(dboid) && OutboxDatabaseOwnercheck(dboid, GetUserId());
-}
-
-/* CREATE DATABASE ... TEMPLATE: whether the caller may copy dboid */
-static bool
-may_copy_database(Oid dboid)
-{
-	HeapTuple	tup;
-	bool		is_template;
-
-	if (!OidIsValid(dboid))
-		return false;
-	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
-	if (!HeapTupleIsValid(tup))
-		return false;
-	is_template = ((Form_pg_database) GETSTRUCT(tup))->datistemplate;
-	ReleaseSysCache(tup);
-	return is_template || owns_database(dboid);
-}
-
-static void
-hold_database(Oid dboid)
-{
-	if (OidIsValid(dboid))
-		OutboxHoldDatabase(dboid, OUTBOX_HOLD_MS);
-}
-
-static bool
-has_option(List *options, const char *name, char **value)
-{
-	ListCell   *lc;
-
-	foreach(lc, options)
-	{
-		DefElem    *def = (DefElem *) lfirst(lc);
-
-		if (strcmp(def->defname, name) == 0)
-		{
-			if (value)
-				*value = def->arg ? defGetString(def) : NULL;
-			return true;
-		}
-	}
-	return false;
-}
-
-static bool
-drops_outbox(DropStmt *stmt)
-{
-	ListCell   *lc;
-
-	if (stmt->removeType != OBJECT_EXTENSION)
-		return false;
-	foreach(lc, stmt->objects)
-		if (strcmp(strVal(lfirst(lc)), "outbox") == 0)
-			return true;
-	return false;
-}
-
-static void
-outbox_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
-			   ProcessUtilityContext context, ParamListInfo params,
-			   QueryEnvironment *queryEnv, DestReceiver *dest,
-			   QueryCompletion *qc)
-{
-	Node	   *node = pstmt->utilityStmt;
-	char	   *template = NULL;
-	char	   *finish_gid = NULL;
-
-	switch (nodeTag(node))
-	{
-		case T_DropdbStmt:
-			{
-				Oid			dboid = other_database(((DropdbStmt *) node)->dbname);
-
-				if (runs_outside_block(context) && owns_database(dboid))
-					hold_database(dboid);
-			}
-			break;
-		case T_RenameStmt:
-			if (((RenameStmt *) node)->renameType == OBJECT_DATABASE)
-			{
-				RenameStmt *stmt = (RenameStmt *) node;
-				Oid			dboid = other_database(stmt->subname);
-
-				/* RENAME may run in a transaction block */
-				if (owns_database(dboid) && have_createdb_privilege() &&
-					!OidIsValid(get_database_oid(stmt->newname, true)))
-					hold_database(dboid);
-			}
-			break;
-		case T_AlterDatabaseStmt:
-			if (has_option(((AlterDatabaseStmt *) node)->options, "tablespace", NULL))
-			{
-				Oid			dboid = other_database(((AlterDatabaseStmt *) node)->dbname);
-
-				if (runs_outside_block(context) && owns_database(dboid))
-					hold_database(dboid);
-			}
-			break;
-		case T_CreatedbStmt:
-			if (has_option(((CreatedbStmt *) node)->options, "template", &template))
-			{
-				CreatedbStmt *stmt = (CreatedbStmt *) node;
-				Oid			dboid = other_database(template);
-
-				if (runs_outside_block(context) && have_createdb_privilege() &&
-					!OidIsValid(get_database_oid(stmt->dbname, true)) &&
-					may_copy_database(dboid))
-					hold_database(dboid);
-			}
-			break;
-		case T_CreateExtensionStmt:
-			if (strcmp(((CreateExtensionStmt *) node)->extname, "outbox") == 0)
-				probe_at_commit = true;
-			break;
-		case T_DropStmt:
-			if (drops_outbox((DropStmt *) node))
-				wake_at_commit = true;
-			break;
-		case T_TransactionStmt:
-			{
-				TransactionStmt *stmt = (TransactionStmt *) node;
-
-				if (stmt->kind == TRANS_STMT_PREPARE)
-					strlcpy(preparing_gid, stmt->gid, sizeof(preparing_gid));
-				else if (stmt->kind == TRANS_STMT_COMMIT_PREPARED ||
-						 stmt->kind == TRANS_STMT_ROLLBACK_PREPARED)
-					finish_gid = stmt->gid;
-			}
-			break;
-		default:
-			break;
-	}
-
-	if (prev_utility_hook)
-		prev_utility_hook(pstmt, queryString, readOnlyTree, context, params,
-						  queryEnv, dest, qc);
-	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
-
-	/*
-	 * The prepared transaction is committed now (it is out of the proc
-	 * array, so a new snapshot sees it): wake the relay as its own commit
-	 * would have, adding the events counted at PREPARE to the backlog.  A
-	 * transaction prepared before a restart has no count: the relay counts
-	 * its events when it opens its next batch, at once since it is woken.
-	 * COMMIT PREPARED works only in the database of the transaction.
-	 */
-	if (finish_gid != NULL)
-	{
-		int			events;
-		bool		replay;
-
-		(void) OutboxPreparedTake(finish_gid, MyDatabaseId, &events, &replay);
-		if (((TransactionStmt *) node)->kind == TRANS_STMT_COMMIT_PREPARED)
-			OutboxWakeRelay(MyDatabaseId, replay, events);
-	}
-}
-
-/*
- * OutboxNotePrepared
- *		emit.c, at PREPARE TRANSACTION: the transaction emitted events
- *		(queued replays); remember them under its gid for COMMIT PREPARED.
- */
-void
-OutboxNotePrepared(int events, bool replay)
-{
-	if (preparing_gid[0] != '\0')
-		OutboxPreparedRemember(preparing_gid, MyDatabaseId, events, replay);
-	preparing_gid[0] = '\0';
-}
-
-static void
-utility_xact_callback(XactEvent event, void *arg)
-{
-	if (event == XACT_EVENT_COMMIT)
-	{
-		if (probe_at_commit)
-			OutboxRequestProbe(MyDatabaseId);
-		if (wake_at_commit)
-			OutboxRequestExtensionCheck(MyDatabaseId);
-	}
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
-		event == XACT_EVENT_PREPARE)
-		probe_at_commit = wake_at_commit = false;
-	/* at PREPARE, emit.c's callback takes the gid (in whichever order) */
-	if (event == XACT_EVENT_ABORT)
-		preparing_gid[0] = '\0';
-}
-
-/*
- * OutboxUtilityHookInstall
- *		Install the utility hook and its commit callback (preload only).
- */
-void
-OutboxUtilityHookInstall(void)
-{
-	prev_utility_hook = ProcessUtility_hook;
-	ProcessUtility_hook = outbox_utility;
-	RegisterXactCallback(utility_xact_callback, NULL);
 }

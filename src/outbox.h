@@ -17,7 +17,6 @@
 #include "lib/stringinfo.h"
 #include "nodes/pg_list.h"
 #include "storage/latch.h"
-#include "storage/spin.h"
 #include "utils/snapshot.h"
 
 /* Bounds of the integer settings, named so the check hooks and docs agree */
@@ -134,7 +133,7 @@ extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
 extern void OutboxSequenceRemember(text *aggregate_type, text *aggregate_id,
 								   int64 seq);
 
-/* shmem.c */
+/* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState
 {
 	OUTBOX_RELAY_STARTING = 0,
@@ -145,61 +144,46 @@ typedef enum OutboxRelayState
 	OUTBOX_RELAY_NOT_CONFIGURED,
 	OUTBOX_RELAY_STOPPED
 } OutboxRelayState;
+#define OUTBOX_RELAY_NSTATES (OUTBOX_RELAY_STOPPED + 1)
 
 /* publish latency histogram: upper bounds in microseconds, then +Inf */
 #define OUTBOX_LAT_NBUCKETS 19
 extern const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1];
 
-/* the recent window: OUTBOX_WINDOWS periods of OUTBOX_WINDOW_SECS */
-#define OUTBOX_WINDOWS		6
-#define OUTBOX_WINDOW_SECS	10
+#define OUTBOX_LAST_ERROR_LEN		256
 
-typedef struct OutboxWindow
-{
-	int64		period;			/* which period this entry holds */
-	uint64		events;
-	uint64		bytes;
-	uint64		latency[OUTBOX_LAT_NBUCKETS];
-} OutboxWindow;
+/* one relay's slot: only the relay attached to it holds a pointer */
+typedef struct OutboxSlot OutboxSlot;
 
 /*
- * One relay's slot.  dboid changes only under the outbox LWLock held
- * exclusively; every other field is read and written under mutex.
+ * A reader's copy of one database's slot (OutboxSlotRead).  Without a
+ * slot: pid 0, state stopped, brokers_up -1, every figure 0.
  */
-typedef struct OutboxSlot
+typedef struct OutboxSlotView
 {
-	Oid			dboid;			/* InvalidOid: slot free */
-	slock_t		mutex;
-	int			pid;			/* 0 when no relay runs */
-	Latch	   *latch;			/* the relay's latch, NULL when none */
+	int			pid;			/* the relay attached, 0 when none */
 	OutboxRelayState state;
-	bool		no_extension;	/* last relay found no extension */
-	bool		replay_pending; /* a commit queued replays */
-	bool		check_extension;	/* DROP EXTENSION committed */
-	TimestampTz hold_until;		/* launcher must not start a relay before */
+	bool		no_extension;	/* the last relay found no extension */
 	TimestampTz started_at;
-
-	/* backlog: the open batch's remainder plus what committed since */
-	uint64		committed_events;	/* added by emitters at commit */
-	uint64		committed_at_open;
-	int64		batch_remaining;
+	int			brokers_up;		/* -1: unknown */
+	int64		backlog;		/* committed, not yet acknowledged */
 	TimestampTz oldest_pending; /* created_at of the oldest undelivered, or 0 */
 	int			page_size;		/* events in the page in hand */
-	int			brokers_up;		/* -1: unknown */
-
 	uint64		published;
 	uint64		published_bytes;
-	uint64		pages;
-	uint64		batches;
 	uint64		retries;		/* events sent again after a failure */
 	uint64		failures[4];	/* by OutboxErrorClass */
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;
-	char		last_error[256];
+	char		last_error[OUTBOX_LAST_ERROR_LEN];
 	uint64		latency[OUTBOX_LAT_NBUCKETS];	/* since the relay started */
 	double		latency_sum;	/* seconds */
-	OutboxWindow window[OUTBOX_WINDOWS];
-} OutboxSlot;
+	uint64		minute_events;	/* the last minute's deliveries */
+	uint64		minute_bytes;
+	uint64		minute_latency[OUTBOX_LAT_NBUCKETS];
+	bool		slots_full;		/* every slot belongs to a database */
+	TimestampTz no_worker_since;	/* the launcher lacks a worker, or 0 */
+} OutboxSlotView;
 
 /* what a relay adds to its slot after a settled round */
 typedef struct OutboxDeliveryTally
@@ -233,56 +217,66 @@ typedef struct OutboxRoundReport
 	int			page_size;
 } OutboxRoundReport;
 
-extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
-
 extern void OutboxShmemInstallHooks(void);
 extern bool OutboxShmemAvailable(void);
+extern const char *OutboxRelayStateName(OutboxRelayState state);
+
+/* user backends: commits and the utility hook */
 extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
-extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
 extern void OutboxRequestExtensionCheck(Oid dboid);
-extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
-extern void OutboxRequestProbe(Oid dboid);
-extern bool OutboxLauncherAttach(void);
-extern int	OutboxLauncherTakeRequests(Oid *out, int max);
-extern OutboxSlot *OutboxSlotAcquire(Oid dboid);
+extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
+
+/* the launcher */
+extern void OutboxSetNoWorker(bool short_of_workers);
+extern bool OutboxSlotAcquire(Oid dboid, bool *held);
 extern void OutboxSlotRelease(Oid dboid);
-extern OutboxSlot *OutboxSlotFind(Oid dboid);
+
+/* readers: the launcher, status(), metrics(), health() */
+extern bool OutboxSlotRead(Oid dboid, OutboxSlotView *out);
+
+/* the relay, on the slot it attached to */
 extern OutboxSlot *OutboxSlotAttach(Oid dboid, int *other_pid);
 extern void OutboxSlotDetach(OutboxSlot *slot);
-extern int	OutboxSlotRelayPid(OutboxSlot *slot);
-extern int	OutboxSlotsInUse(void);
-extern void OutboxSetNoWorker(bool short_of_workers);
-extern TimestampTz OutboxNoWorkerSince(void);
-
-/* probe workers: does a database have the extension? */
-#define OUTBOX_MAX_PROBES			64
-#define OUTBOX_PROBE_UNKNOWN		0
-#define OUTBOX_PROBE_EXTENSION		1
-#define OUTBOX_PROBE_NO_EXTENSION	2
-extern bool OutboxProbeBegin(Oid dboid);
-extern void OutboxProbeReport(Oid dboid, bool has_extension);
-extern int	OutboxProbeTake(Oid dboid);
-
-/* prepared transactions that emitted events */
-extern void OutboxPreparedRemember(const char *gid, Oid dboid, int events,
-								   bool replay);
-extern bool OutboxPreparedTake(const char *gid, Oid dboid, int *events,
-							   bool *replay);
 extern void OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state);
-extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
 extern bool OutboxSlotIsHeld(OutboxSlot *slot);
 extern void OutboxSlotMarkNoExtension(OutboxSlot *slot);
-extern void OutboxSlotCountPage(OutboxSlot *slot);
+extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
+extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
+extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);
+extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
+
+/* old per-page setters: removed when relay.c uses OutboxSlotReportRound */
+extern void OutboxSlotCountPage(OutboxSlot *slot);
 extern void OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally);
 extern void OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 								 TimestampTz oldest, int page_size);
 extern void OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events);
 extern void OutboxSlotCountRetries(OutboxSlot *slot, int events);
 extern void OutboxSlotSetBrokersUp(OutboxSlot *slot, int up);
-extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
 extern void OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c);
-extern const char *OutboxRelayStateName(OutboxRelayState state);
+
+/* handoff.c: the launcher's sign-on, probe requests and answers, prepared counts */
+#define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
+/* probe workers: does a database have the extension? */
+#define OUTBOX_MAX_PROBES			64
+#define OUTBOX_PROBE_UNKNOWN		0
+#define OUTBOX_PROBE_EXTENSION		1
+#define OUTBOX_PROBE_NO_EXTENSION	2
+
+extern void OutboxHandoffShmemRequest(void);
+extern void OutboxHandoffShmemInit(void);
+extern bool OutboxLauncherAttach(void);
+extern void OutboxWakeLauncher(void);
+extern int	OutboxLauncherTakeRequests(Oid *out);
+extern void OutboxRequestProbe(Oid dboid);
+extern bool OutboxProbeBegin(Oid dboid);
+extern void OutboxProbeReport(Oid dboid, bool has_extension);
+extern int	OutboxProbeTake(Oid dboid);
+extern void OutboxPreparedRemember(const char *gid, Oid dboid, int events,
+								   bool replay);
+extern bool OutboxPreparedTake(const char *gid, Oid dboid, int *events,
+							   bool *replay);
 
 /* kafka.c */
 typedef struct OutboxProducer OutboxProducer;
@@ -404,9 +398,11 @@ typedef struct OutboxBlocked
 
 /* launcher.c */
 extern void OutboxLauncherRegisterStatic(void);
+PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+
+/* utility.c: runs in user backends */
 extern void OutboxUtilityHookInstall(void);
 extern void OutboxNotePrepared(int events, bool replay);
-PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
 
 /* probe.c */
 PGDLLEXPORT void OutboxProbeMain(Datum main_arg);

@@ -1,24 +1,47 @@
 /*-------------------------------------------------------------------------
  *
  * shmem.c
- *		Shared state of the outbox: relay slots, latches, counters.
+ *		The outbox's shared memory: the hooks that create it, and the relay
+ *		slots, one per database with a relay.  Only this file knows a
+ *		slot's layout; others call the functions below.  The small tables
+ *		through which the launcher, probes and backends pass word to each
+ *		other are handoff.c's, in an area of their own under a lock of their
+ *		own; this file only asks for their space.
  *
- * Locking protocol:
- *	- The "outbox" LWLock tranche has one lock.  Held exclusively to assign
- *	  or free a slot (change slot->dboid) and to change the launcher's
- *	  fields or its request list; held shared to find a slot by database.
- *	- Every other field of a slot is read and written under the slot's
- *	  spinlock, with nothing else done while it is held.
- *	- A committing backend finds its database's slot under the shared lock
- *	  and sets the relay's latch; it never waits for anything else.
- *	- At most one relay per database: a relay claims its slot (sets pid)
- *	  under the exclusive lock and only if no other relay holds it; a relay
- *	  clears pid when it exits (before_shmem_exit, so also on ERROR).  A
- *	  non-zero pid therefore always names a live relay, whoever started it,
- *	  and a restarted launcher adopts it instead of starting another.  A
- *	  crash of any backend resets shared memory, so no pid survives one.
- *	- Probe results and prepared transactions' event counts are small
- *	  tables under the LWLock, held exclusively to change them.
+ * Locking protocol (written as pg_stat_statements writes its own):
+ *	- outbox_shared->lock, the LWLock of the "outbox" tranche, protects
+ *	  which database each slot belongs to (slot->dboid) and
+ *	  no_worker_since.  Held exclusively to change them (assign or free a
+ *	  slot, attach a relay to its slot, record a lack of workers) and to
+ *	  signal a relay; shared to find a slot by database or read them.
+ *	- slot->mutex, the slot's spinlock, protects every other field of the
+ *	  slot.  It is taken with the LWLock held in either mode, so that the
+ *	  slot still belongs to the database it was found for; the one
+ *	  exception is the relay attached to the slot (below).  While it is
+ *	  held nothing is done but a few assignments or a copy.
+ *	- Lock order: the LWLock, then one slot's spinlock.  handoff.c's lock
+ *	  is never taken while either is held.  No slot pointer leaves this
+ *	  file except the relay's own: readers get a copy (OutboxSlotRead),
+ *	  everyone else names the database.
+ *	- A relay owns its slot from OutboxSlotAttach to OutboxSlotDetach: a
+ *	  slot with a relay attached (pid != 0) is never freed or handed to
+ *	  another database, so the relay keeps the pointer and takes only the
+ *	  spinlock.  At most one relay per database: the claim (setting pid) is
+ *	  made under the exclusive LWLock and only when no other relay holds
+ *	  the slot.
+ *	- Who writes what: committing backends add to committed_events and
+ *	  set replay_pending, check_extension and, at the first commit into an
+ *	  empty backlog, oldest_pending; commands needing a database to
+ *	  themselves set hold_until; the launcher assigns, resets and frees
+ *	  slots; the attached relay writes everything else.
+ *	- Liveness is never judged by kill(pid, 0), which a reused pid fools.
+ *	  A relay clears its pid when it exits (before_shmem_exit, so also on
+ *	  ERROR), so a non-zero pid names a live relay; a crash of any backend
+ *	  resets shared memory, so no pid survives one.  A relay is signalled
+ *	  only under the exclusive LWLock, which it needs to clear its pid, so
+ *	  the signal cannot reach a process that has reused the pid.
+ *	- A committing backend takes the LWLock shared and one spinlock, sets
+ *	  the relay's latch after releasing both, and waits for nothing else.
  *
  * Nothing here runs SQL or talks to Kafka.
  *
@@ -28,71 +51,89 @@
 
 #include <signal.h>
 
-#include "access/twophase.h"
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+#include "storage/spin.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
 
-#define OUTBOX_MAX_REQUESTS 64
+/* the recent window: OUTBOX_WINDOWS periods of OUTBOX_WINDOW_SECS */
+#define OUTBOX_WINDOWS		6
+#define OUTBOX_WINDOW_SECS	10
 
-/* a probe worker's answer: does this database have the extension? */
-typedef struct OutboxProbe
+typedef struct OutboxWindow
 {
-	Oid			dboid;			/* InvalidOid: entry free */
-	int			result;			/* OUTBOX_PROBE_* */
-} OutboxProbe;
+	int64		period;			/* which period this entry holds */
+	uint64		events;
+	uint64		bytes;
+	uint64		latency[OUTBOX_LAT_NBUCKETS];
+} OutboxWindow;
 
 /*
- * A prepared transaction that emitted events: COMMIT PREPARED adds them to
- * the backlog and wakes the relay, as a plain commit does.
+ * One relay's slot; see the locking protocol above.  v holds what readers
+ * get a copy of; its derived fields (backlog, minute_*, slots_full,
+ * no_worker_since) are filled in by OutboxSlotRead, not kept here.
  */
-typedef struct OutboxPrepared
+struct OutboxSlot
 {
-	Oid			dboid;			/* InvalidOid: entry free */
-	int			events;
-	bool		replay;
-	char		gid[GIDSIZE];
-} OutboxPrepared;
+	Oid			dboid;			/* InvalidOid: slot free; under the LWLock */
+	slock_t		mutex;
+	/* OutboxSlotAcquire zeroes everything from here on */
+	Latch	   *latch;			/* the relay's latch, NULL when none */
+	bool		replay_pending; /* a commit queued replays */
+	bool		check_extension;	/* DROP EXTENSION committed */
+	TimestampTz hold_until;		/* launcher must not start a relay before */
+
+	/* backlog: the open batch's remainder plus what committed since */
+	uint64		committed_events;	/* added by emitters at commit */
+	uint64		committed_at_open;
+	int64		batch_remaining;
+
+	uint64		pages;
+	OutboxWindow window[OUTBOX_WINDOWS];
+	OutboxSlotView v;
+};
 
 typedef struct OutboxShared
 {
 	LWLock	   *lock;
-	int			launcher_pid;
-	Latch	   *launcher_latch;
 	TimestampTz no_worker_since;	/* launcher lacks a worker slot, or 0 */
-	int			nrequests;
-	Oid			requests[OUTBOX_MAX_REQUESTS];
-	OutboxProbe probes[OUTBOX_MAX_PROBES];
-	int			nprepared;		/* entries after the slots: PREPARED_ENTRIES */
 	int			nslots;
 	OutboxSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
 
 static OutboxShared *outbox_shared = NULL;
 
-#define PREPARED_ENTRIES() \
-	((OutboxPrepared *) ((char *) outbox_shared + MAXALIGN(outbox_slots_size())))
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-static Size
-outbox_slots_size(void)
-{
-	return add_size(offsetof(OutboxShared, slots),
-					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
-}
+/*
+ * What operators see, by OutboxRelayState; the one spelling of each.  States
+ * sharing a name are adjacent: metrics() lists each name once.
+ */
+static const char *const relay_state_names[] = {
+	[OUTBOX_RELAY_STARTING] = "starting",
+	[OUTBOX_RELAY_IDLE] = "running",
+	[OUTBOX_RELAY_PUBLISHING] = "running",	/* operators see one state */
+	[OUTBOX_RELAY_PAUSED] = "paused",
+	[OUTBOX_RELAY_BACKING_OFF] = "backing off",
+	[OUTBOX_RELAY_NOT_CONFIGURED] = "not configured",
+	[OUTBOX_RELAY_STOPPED] = "stopped",
+};
+
+StaticAssertDecl(lengthof(relay_state_names) == OUTBOX_RELAY_NSTATES,
+				 "a relay state has no name");
 
 static Size
 outbox_shmem_size(void)
 {
-	return add_size(MAXALIGN(outbox_slots_size()),
-					mul_size(max_prepared_xacts, sizeof(OutboxPrepared)));
+	return add_size(offsetof(OutboxShared, slots),
+					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
 }
 
 static void
@@ -102,6 +143,7 @@ outbox_shmem_request(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(outbox_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
+	OutboxHandoffShmemRequest();
 }
 
 static void
@@ -122,8 +164,8 @@ outbox_shmem_startup(void)
 		outbox_shared->nslots = outbox_max_databases;
 		for (i = 0; i < outbox_shared->nslots; i++)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
-		outbox_shared->nprepared = max_prepared_xacts;
 	}
+	OutboxHandoffShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -150,27 +192,16 @@ OutboxShmemAvailable(void)
 	return outbox_shared != NULL;
 }
 
+/*
+ * OutboxRelayStateName
+ *		The name operators see for state (status(), metrics(), log lines).
+ */
 const char *
 OutboxRelayStateName(OutboxRelayState state)
 {
-	switch (state)
-	{
-		case OUTBOX_RELAY_STARTING:
-			return "starting";
-		case OUTBOX_RELAY_IDLE:
-			return "running";
-		case OUTBOX_RELAY_PUBLISHING:
-			return "running";
-		case OUTBOX_RELAY_PAUSED:
-			return "paused";
-		case OUTBOX_RELAY_BACKING_OFF:
-			return "backing off";
-		case OUTBOX_RELAY_NOT_CONFIGURED:
-			return "not configured";
-		case OUTBOX_RELAY_STOPPED:
-			return "stopped";
-	}
-	return "unknown";
+	if ((int) state < 0 || state >= OUTBOX_RELAY_NSTATES)
+		return "unknown";
+	return relay_state_names[state];
 }
 
 /* caller holds the LWLock in any mode */
@@ -186,14 +217,20 @@ find_slot_locked(Oid dboid)
 }
 
 /*
- * OutboxWakeRelay
- *		Set the latch of dboid's relay, if one runs.  Called at commit;
- *		replay says the commit queued replays for it.
+ * ---- Called by user backends: commits, the utility hook ----
  */
-void
-OutboxWakeRelay(Oid dboid, bool replay, int events)
+
+/*
+ * tell_relay
+ *		A commit's news for dboid's relay, if it has a slot: events emitted
+ *		(replay: replays queued), or check_extension: DROP EXTENSION outbox
+ *		committed.  Its latch is set after the locks are released.
+ */
+static void
+tell_relay(Oid dboid, bool replay, int events, bool check_extension)
 {
 	OutboxSlot *slot;
+	Latch	   *latch = NULL;
 	TimestampTz committed_at = GetCurrentTransactionStopTimestamp();
 
 	if (outbox_shared == NULL)
@@ -202,14 +239,13 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 	slot = find_slot_locked(dboid);
 	if (slot != NULL)
 	{
-		Latch	   *latch;
-
 		SpinLockAcquire(&slot->mutex);
 		/* a paused relay reads everything when it resumes: let it sleep */
-		latch = (slot->state == OUTBOX_RELAY_PAUSED ||
-				 slot->state == OUTBOX_RELAY_NOT_CONFIGURED) ? NULL : slot->latch;
-		if (replay)
-			slot->replay_pending = true;
+		if (check_extension || (slot->v.state != OUTBOX_RELAY_PAUSED &&
+								slot->v.state != OUTBOX_RELAY_NOT_CONFIGURED))
+			latch = slot->latch;
+		slot->check_extension |= check_extension;
+		slot->replay_pending |= replay;
 		slot->committed_events += events;
 
 		/*
@@ -218,265 +254,78 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 		 * then, the first commit since the backlog was empty stands for it,
 		 * so that status() and health() see events waiting.
 		 */
-		if (events > 0 && slot->oldest_pending == 0)
-			slot->oldest_pending = committed_at;
+		if (events > 0 && slot->v.oldest_pending == 0)
+			slot->v.oldest_pending = committed_at;
 		SpinLockRelease(&slot->mutex);
-		if (latch != NULL)
-			SetLatch(latch);
 	}
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxRequestProbe
- *		Ask the launcher to look at dboid now (the extension was created).
- */
-void
-OutboxRequestProbe(Oid dboid)
-{
-	Latch	   *latch = NULL;
-
-	if (outbox_shared == NULL)
-		return;
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->nrequests < OUTBOX_MAX_REQUESTS)
-		outbox_shared->requests[outbox_shared->nrequests++] = dboid;
-	latch = outbox_shared->launcher_latch;
 	LWLockRelease(outbox_shared->lock);
 	if (latch != NULL)
 		SetLatch(latch);
 }
 
-static void
-launcher_detach(int code, Datum arg)
-{
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->launcher_pid == MyProcPid)
-	{
-		outbox_shared->launcher_pid = 0;
-		outbox_shared->launcher_latch = NULL;
-	}
-	LWLockRelease(outbox_shared->lock);
-}
-
 /*
- * OutboxLauncherAttach
- *		Record the calling process as the launcher until it exits.  Returns
- *		false when another launcher is alive (the caller then exits).  The
- *		launcher clears its pid when it exits, so a recorded pid is alive.
- */
-bool
-OutboxLauncherAttach(void)
-{
-	bool		ok = true;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	if (outbox_shared->launcher_pid != 0 &&
-		outbox_shared->launcher_pid != MyProcPid)
-		ok = false;
-	else
-	{
-		outbox_shared->launcher_pid = MyProcPid;
-		outbox_shared->launcher_latch = MyLatch;
-	}
-	LWLockRelease(outbox_shared->lock);
-	if (ok)
-		before_shmem_exit(launcher_detach, (Datum) 0);
-	return ok;
-}
-
-/*
- * OutboxLauncherTakeRequests
- *		Move up to max pending probe requests into out; returns how many.
- *		An overflowed request list is reported as a single InvalidOid,
- *		meaning "rescan everything".
- */
-int
-OutboxLauncherTakeRequests(Oid *out, int max)
-{
-	int			n;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	n = Min(outbox_shared->nrequests, max);
-	memcpy(out, outbox_shared->requests, n * sizeof(Oid));
-	if (outbox_shared->nrequests > max)
-		out[0] = InvalidOid;
-	outbox_shared->nrequests = 0;
-	LWLockRelease(outbox_shared->lock);
-	return n;
-}
-
-/*
- * OutboxSlotAcquire
- *		Launcher: the slot of dboid, assigning a free one if needed.
- *		Returns NULL when every slot is taken.
- */
-OutboxSlot *
-OutboxSlotAcquire(Oid dboid)
-{
-	OutboxSlot *slot;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	slot = find_slot_locked(dboid);
-	if (slot == NULL)
-	{
-		slot = find_slot_locked(InvalidOid);
-		if (slot != NULL)
-		{
-			SpinLockAcquire(&slot->mutex);
-			memset((char *) slot + offsetof(OutboxSlot, pid), 0,
-				   sizeof(OutboxSlot) - offsetof(OutboxSlot, pid));
-			slot->state = OUTBOX_RELAY_STOPPED;
-			SpinLockRelease(&slot->mutex);
-			slot->dboid = dboid;
-		}
-	}
-	LWLockRelease(outbox_shared->lock);
-	return slot;
-}
-
-/*
- * OutboxSlotRelease
- *		Launcher: free dboid's slot (its database is gone or has no
- *		extension).
+ * OutboxWakeRelay
+ *		At commit: the transaction emitted events into dboid (and queued
+ *		replays); wake its relay unless it is paused.
  */
 void
-OutboxSlotRelease(Oid dboid)
+OutboxWakeRelay(Oid dboid, bool replay, int events)
 {
-	OutboxSlot *slot;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	slot = find_slot_locked(dboid);
-	/* a slot with a relay attached stays: that relay still uses it */
-	if (slot != NULL && OutboxSlotRelayPid(slot) == 0)
-		slot->dboid = InvalidOid;
-	LWLockRelease(outbox_shared->lock);
+	tell_relay(dboid, replay, events, false);
 }
 
 /*
- * OutboxSlotFind
- *		The slot of dboid or NULL.  The pointer stays valid; whether it still
- *		belongs to dboid is only certain while the launcher keeps it.
+ * OutboxRequestExtensionCheck
+ *		DROP EXTENSION outbox committed: have dboid's relay look whether its
+ *		extension is still there, even while it is paused.
  */
-OutboxSlot *
-OutboxSlotFind(Oid dboid)
+void
+OutboxRequestExtensionCheck(Oid dboid)
+{
+	tell_relay(dboid, false, 0, true);
+}
+
+/*
+ * OutboxHoldDatabase
+ *		Stop dboid's relay and keep the launcher from restarting it for
+ *		hold_ms, so that a command needing the database to itself (DROP
+ *		DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE)
+ *		does not find the relay connected.  The relay is signalled under the
+ *		exclusive lock: it cannot detach meanwhile, so its pid is its own.
+ */
+void
+OutboxHoldDatabase(Oid dboid, int hold_ms)
 {
 	OutboxSlot *slot;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), hold_ms);
 
 	if (outbox_shared == NULL)
-		return NULL;
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	slot = find_slot_locked(dboid);
-	LWLockRelease(outbox_shared->lock);
-	return slot;
-}
-
-/*
- * OutboxSlotAttach
- *		Relay: claim dboid's slot for the calling process.  NULL if the
- *		launcher assigned none, or if another relay holds it (*other_pid is
- *		then its pid, else 0): the caller then exits.  The claim is made
- *		under the exclusive lock, so two relays started for one database
- *		(by a launcher and its restarted successor) cannot both win.
- */
-OutboxSlot *
-OutboxSlotAttach(Oid dboid, int *other_pid)
-{
-	OutboxSlot *slot;
-	TimestampTz now = GetCurrentTimestamp();
-
-	*other_pid = 0;
+		return;
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
 	slot = find_slot_locked(dboid);
-	if (slot == NULL)
+	if (slot != NULL)
 	{
-		LWLockRelease(outbox_shared->lock);
-		return NULL;
-	}
-	SpinLockAcquire(&slot->mutex);
-	if (slot->pid != 0 && slot->pid != MyProcPid)
-	{
-		*other_pid = slot->pid;
+		int			pid;
+
+		SpinLockAcquire(&slot->mutex);
+		slot->hold_until = until;
+		pid = slot->v.pid;
 		SpinLockRelease(&slot->mutex);
-		LWLockRelease(outbox_shared->lock);
-		return NULL;
+		if (pid != 0)
+			kill(pid, SIGTERM);
 	}
-	slot->pid = MyProcPid;
-	slot->latch = MyLatch;
-	slot->state = OUTBOX_RELAY_STARTING;
-	slot->no_extension = false;
-	slot->started_at = now;
-	slot->brokers_up = -1;
-	slot->batch_remaining = 0;
-	slot->committed_at_open = slot->committed_events;
-	slot->oldest_pending = 0;
-	SpinLockRelease(&slot->mutex);
 	LWLockRelease(outbox_shared->lock);
-	return slot;
 }
 
 /*
- * OutboxSlotDetach
- *		Relay, on exit: nobody is behind this slot's latch any more.  The
- *		launcher is woken: it may be watching a relay it adopted.
+ * ---- Called by the launcher ----
  */
-void
-OutboxSlotDetach(OutboxSlot *slot)
-{
-	Latch	   *launcher = NULL;
-
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	SpinLockAcquire(&slot->mutex);
-	if (slot->pid == MyProcPid)
-	{
-		slot->pid = 0;
-		slot->latch = NULL;
-		slot->state = OUTBOX_RELAY_STOPPED;
-		launcher = outbox_shared->launcher_latch;
-	}
-	SpinLockRelease(&slot->mutex);
-	LWLockRelease(outbox_shared->lock);
-	if (launcher != NULL)
-		SetLatch(launcher);
-}
 
 /*
- * OutboxSlotRelayPid
- *		The pid of the relay attached to slot, 0 when none.
- */
-int
-OutboxSlotRelayPid(OutboxSlot *slot)
-{
-	int			pid;
-
-	SpinLockAcquire(&slot->mutex);
-	pid = slot->pid;
-	SpinLockRelease(&slot->mutex);
-	return pid;
-}
-
-/*
- * OutboxSlotsInUse
- *		How many relay slots are assigned to a database.
- */
-int
-OutboxSlotsInUse(void)
-{
-	int			n = 0;
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	for (i = 0; i < outbox_shared->nslots; i++)
-		if (OidIsValid(outbox_shared->slots[i].dboid))
-			n++;
-	LWLockRelease(outbox_shared->lock);
-	return n;
-}
-
-/*
- * OutboxSetNoWorker / OutboxNoWorkerSince
+ * OutboxSetNoWorker
  *		Launcher: whether it failed to get a background worker slot (since
- *		when), so that status() and health() can name the cause.
+ *		when: OutboxSlotView.no_worker_since), so that status() and health()
+ *		can name the cause.
  */
 void
 OutboxSetNoWorker(bool short_of_workers)
@@ -491,184 +340,220 @@ OutboxSetNoWorker(bool short_of_workers)
 	LWLockRelease(outbox_shared->lock);
 }
 
-TimestampTz
-OutboxNoWorkerSince(void)
-{
-	TimestampTz since;
-
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
-	since = outbox_shared->no_worker_since;
-	LWLockRelease(outbox_shared->lock);
-	return since;
-}
-
 /*
- * OutboxProbeBegin
- *		Launcher: reserve an entry for a probe of dboid.  False when the
- *		table is full (probe later).
+ * OutboxSlotAcquire
+ *		Launcher: make sure dboid has a slot, assigning a free one (reset)
+ *		if needed.  Returns false when every slot is taken; else *held says
+ *		whether a command holds the database (no relay may start yet).
  */
 bool
-OutboxProbeBegin(Oid dboid)
+OutboxSlotAcquire(Oid dboid, bool *held)
 {
-	int			i;
-	int			free_entry = -1;
+	OutboxSlot *slot;
+	TimestampTz now = GetCurrentTimestamp();
 
+	*held = false;
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
+	slot = find_slot_locked(dboid);
+	if (slot == NULL && (slot = find_slot_locked(InvalidOid)) != NULL)
 	{
-		if (outbox_shared->probes[i].dboid == dboid)
-		{
-			free_entry = i;
-			break;
-		}
-		if (!OidIsValid(outbox_shared->probes[i].dboid) && free_entry < 0)
-			free_entry = i;
+		SpinLockAcquire(&slot->mutex);
+		memset((char *) slot + offsetof(OutboxSlot, latch), 0,
+			   sizeof(OutboxSlot) - offsetof(OutboxSlot, latch));
+		slot->v.state = OUTBOX_RELAY_STOPPED;
+		SpinLockRelease(&slot->mutex);
+		slot->dboid = dboid;
 	}
-	if (free_entry >= 0)
+	if (slot != NULL)
 	{
-		outbox_shared->probes[free_entry].dboid = dboid;
-		outbox_shared->probes[free_entry].result = OUTBOX_PROBE_UNKNOWN;
-	}
-	LWLockRelease(outbox_shared->lock);
-	return free_entry >= 0;
-}
-
-/*
- * OutboxProbeReport
- *		Probe worker: whether its database has the extension.
- */
-void
-OutboxProbeReport(Oid dboid, bool has_extension)
-{
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
-		if (outbox_shared->probes[i].dboid == dboid)
-			outbox_shared->probes[i].result = has_extension ?
-				OUTBOX_PROBE_EXTENSION : OUTBOX_PROBE_NO_EXTENSION;
-	LWLockRelease(outbox_shared->lock);
-}
-
-/*
- * OutboxProbeTake
- *		Launcher, once the probe of dboid stopped: its answer
- *		(OUTBOX_PROBE_UNKNOWN when it reported none); frees the entry.
- */
-int
-OutboxProbeTake(Oid dboid)
-{
-	int			result = OUTBOX_PROBE_UNKNOWN;
-	int			i;
-
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < OUTBOX_MAX_PROBES; i++)
-		if (outbox_shared->probes[i].dboid == dboid)
-		{
-			result = outbox_shared->probes[i].result;
-			outbox_shared->probes[i].dboid = InvalidOid;
-		}
-	LWLockRelease(outbox_shared->lock);
-	return result;
-}
-
-/*
- * OutboxPreparedRemember
- *		At PREPARE TRANSACTION gid: the transaction emitted events (and
- *		queued replays) in dboid.  When the table is full the count is lost
- *		and the backlog catches up when the relay opens its next batch.
- */
-void
-OutboxPreparedRemember(const char *gid, Oid dboid, int events, bool replay)
-{
-	OutboxPrepared *entries;
-	int			i;
-
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
-	{
-		if (OidIsValid(entries[i].dboid))
-			continue;
-		entries[i].dboid = dboid;
-		entries[i].events = events;
-		entries[i].replay = replay;
-		strlcpy(entries[i].gid, gid, GIDSIZE);
-		break;
+		SpinLockAcquire(&slot->mutex);
+		*held = slot->hold_until > now;
+		SpinLockRelease(&slot->mutex);
 	}
 	LWLockRelease(outbox_shared->lock);
+	return slot != NULL;
 }
 
 /*
- * OutboxPreparedTake
- *		COMMIT or ROLLBACK PREPARED gid finished in dboid: forget it and
- *		return what PREPARE recorded (false when nothing was).
- */
-bool
-OutboxPreparedTake(const char *gid, Oid dboid, int *events, bool *replay)
-{
-	OutboxPrepared *entries;
-	bool		found = false;
-	int			i;
-
-	*events = 0;
-	*replay = false;
-	if (outbox_shared == NULL || outbox_shared->nprepared == 0)
-		return false;
-	entries = PREPARED_ENTRIES();
-	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < outbox_shared->nprepared; i++)
-	{
-		if (entries[i].dboid != dboid || strcmp(entries[i].gid, gid) != 0)
-			continue;
-		*events = entries[i].events;
-		*replay = entries[i].replay;
-		entries[i].dboid = InvalidOid;
-		found = true;
-		break;
-	}
-	LWLockRelease(outbox_shared->lock);
-	return found;
-}
-
-void
-OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
-{
-	SpinLockAcquire(&slot->mutex);
-	slot->state = state;
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxHoldDatabase
- *		Stop dboid's relay and keep the launcher from restarting it for
- *		hold_ms, so that a command needing the database to itself (DROP
- *		DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE)
- *		does not find the relay connected.
+ * OutboxSlotRelease
+ *		Launcher: free dboid's slot (its database is gone or has no
+ *		extension), unless a relay is still attached to it.
  */
 void
-OutboxHoldDatabase(Oid dboid, int hold_ms)
+OutboxSlotRelease(Oid dboid)
 {
 	OutboxSlot *slot;
 	int			pid = 0;
-	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), hold_ms);
 
-	if (outbox_shared == NULL)
-		return;
-	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
 	slot = find_slot_locked(dboid);
 	if (slot != NULL)
 	{
 		SpinLockAcquire(&slot->mutex);
-		slot->hold_until = until;
-		pid = slot->pid;
+		pid = slot->v.pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid == 0)
+			slot->dboid = InvalidOid;
+	}
+	LWLockRelease(outbox_shared->lock);
+}
+
+/*
+ * ---- Readers: the launcher, status(), metrics(), health() ----
+ */
+
+/*
+ * view_from_copy
+ *		Fill out from a private copy of a slot (no lock needed): its figures,
+ *		and the backlog and the last minute's, derived as of now.
+ */
+static void
+view_from_copy(const OutboxSlot *s, OutboxSlotView *out)
+{
+	int64		period = GetCurrentTimestamp() / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
+	int			w;
+	int			b;
+
+	*out = s->v;
+	out->backlog = Max(s->batch_remaining +
+					   (int64) (s->committed_events - s->committed_at_open), 0);
+	for (w = 0; w < OUTBOX_WINDOWS; w++)
+	{
+		const OutboxWindow *win = &s->window[w];
+
+		if (win->period <= period - OUTBOX_WINDOWS || win->period > period)
+			continue;
+		/* the last minute: whole periods, plus the one under way */
+		out->minute_events += win->events;
+		out->minute_bytes += win->bytes;
+		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
+			out->minute_latency[b] += win->latency[b];
+	}
+}
+
+/*
+ * OutboxSlotRead
+ *		Copy what readers need of dboid's slot into out.  The slot is found,
+ *		and copied, under the LWLock, so it is dboid's own; the launcher's
+ *		shortage of slots and workers is read under the same lock.  Returns
+ *		false when dboid has no slot: out then says no relay runs (pid 0,
+ *		state stopped, brokers_up -1, figures 0).
+ */
+bool
+OutboxSlotRead(Oid dboid, OutboxSlotView *out)
+{
+	OutboxSlot	copy;
+	OutboxSlot *slot = NULL;
+	int			in_use = 0;
+	int			i;
+
+	memset(&copy, 0, sizeof(copy));
+	copy.v.state = OUTBOX_RELAY_STOPPED;
+	copy.v.brokers_up = -1;
+	if (outbox_shared != NULL)
+	{
+		LWLockAcquire(outbox_shared->lock, LW_SHARED);
+		for (i = 0; i < outbox_shared->nslots; i++)
+		{
+			if (OidIsValid(outbox_shared->slots[i].dboid))
+				in_use++;
+			if (outbox_shared->slots[i].dboid == dboid)
+				slot = &outbox_shared->slots[i];
+		}
+		if (slot != NULL)
+		{
+			SpinLockAcquire(&slot->mutex);
+			memcpy(&copy, slot, sizeof(OutboxSlot));
+			SpinLockRelease(&slot->mutex);
+		}
+		copy.v.slots_full = in_use >= outbox_shared->nslots;
+		copy.v.no_worker_since = outbox_shared->no_worker_since;
+		LWLockRelease(outbox_shared->lock);
+	}
+	view_from_copy(&copy, out);
+	return slot != NULL;
+}
+
+/*
+ * ---- Called by the relay attached to the slot ----
+ */
+
+/*
+ * OutboxSlotAttach
+ *		Relay: claim dboid's slot for the calling process.  NULL if the
+ *		launcher assigned none, or if another relay holds it (*other_pid is
+ *		then its pid, else 0): the caller then exits.  The claim is made
+ *		under the exclusive lock, so two relays started for one database
+ *		(by a launcher and its restarted successor) cannot both win.  The
+ *		slot is the caller's until OutboxSlotDetach.
+ */
+OutboxSlot *
+OutboxSlotAttach(Oid dboid, int *other_pid)
+{
+	OutboxSlot *slot;
+	TimestampTz now = GetCurrentTimestamp();
+
+	*other_pid = 0;
+	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		if (slot->v.pid != 0 && slot->v.pid != MyProcPid)
+			*other_pid = slot->v.pid;
+		else
+		{
+			slot->v.pid = MyProcPid;
+			slot->latch = MyLatch;
+			slot->v.state = OUTBOX_RELAY_STARTING;
+			slot->v.no_extension = false;
+			slot->v.started_at = now;
+			slot->v.brokers_up = -1;
+			slot->batch_remaining = 0;
+			slot->committed_at_open = slot->committed_events;
+			slot->v.oldest_pending = 0;
+		}
 		SpinLockRelease(&slot->mutex);
 	}
 	LWLockRelease(outbox_shared->lock);
-	if (pid != 0)
-		kill(pid, SIGTERM);
+	return *other_pid != 0 ? NULL : slot;
+}
+
+/*
+ * OutboxSlotDetach
+ *		Relay, on exit: nobody is behind this slot's latch any more.  The
+ *		launcher is woken: it may be watching a relay it adopted.
+ */
+void
+OutboxSlotDetach(OutboxSlot *slot)
+{
+	bool		detached = false;
+
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	SpinLockAcquire(&slot->mutex);
+	if (slot->v.pid == MyProcPid)
+	{
+		slot->v.pid = 0;
+		slot->latch = NULL;
+		slot->v.state = OUTBOX_RELAY_STOPPED;
+		detached = true;
+	}
+	SpinLockRelease(&slot->mutex);
+	LWLockRelease(outbox_shared->lock);
+	if (detached)
+		OutboxWakeLauncher();
+}
+
+/*
+ * OutboxSlotSetState
+ *		Relay: what it is doing now, for status() and health().
+ */
+void
+OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->v.state = state;
+	SpinLockRelease(&slot->mutex);
 }
 
 /*
@@ -688,17 +573,64 @@ OutboxSlotIsHeld(OutboxSlot *slot)
 }
 
 /*
- * OutboxSlotCountPage
- *		Relay: a page was settled and recorded.
+ * OutboxSlotMarkNoExtension
+ *		Relay, before exiting: its database has no outbox extension, so the
+ *		launcher should not restart it.
  */
 void
-OutboxSlotCountPage(OutboxSlot *slot)
+OutboxSlotMarkNoExtension(OutboxSlot *slot)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->pages++;
+	slot->v.no_extension = true;
 	SpinLockRelease(&slot->mutex);
 }
 
+/*
+ * OutboxSlotCountError
+ *		Relay: record the last error for status().
+ */
+void
+OutboxSlotCountError(OutboxSlot *slot, const char *message)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&slot->mutex);
+	slot->v.last_error_at = now;
+	strlcpy(slot->v.last_error, message, sizeof(slot->v.last_error));
+	SpinLockRelease(&slot->mutex);
+}
+
+/* read and clear one of the slot's flags */
+static bool
+take_flag(OutboxSlot *slot, bool *flag)
+{
+	bool		value;
+
+	SpinLockAcquire(&slot->mutex);
+	value = *flag;
+	*flag = false;
+	SpinLockRelease(&slot->mutex);
+	return value;
+}
+
+/*
+ * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
+ *		Relay: whether replays were queued, or a DROP EXTENSION committed,
+ *		since the last call.
+ */
+bool
+OutboxSlotTakeReplayPending(OutboxSlot *slot)
+{
+	return take_flag(slot, &slot->replay_pending);
+}
+
+bool
+OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
+{
+	return take_flag(slot, &slot->check_extension);
+}
+
+/* the publish latency histogram's bucket bounds, microseconds */
 const int64 OutboxLatencyBounds[OUTBOX_LAT_NBUCKETS - 1] = {
 	100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
 	250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000
@@ -726,20 +658,16 @@ OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes)
 }
 
 /*
- * OutboxSlotCountDelivered
- *		Relay: add a round's deliveries to the totals and the recent window.
+ * add_delivered, leave_batch, set_backlog
+ *		The parts of a round's report; the caller holds slot->mutex.
  */
-void
-OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
+static void
+add_delivered(OutboxSlot *slot, const OutboxDeliveryTally *t, TimestampTz now)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
 	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
 	int			b;
 
-	if (tally->events == 0)
-		return;
-	SpinLockAcquire(&slot->mutex);
 	if (w->period != period)
 	{
 		memset(w, 0, sizeof(OutboxWindow));
@@ -747,16 +675,40 @@ OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 	}
 	for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
 	{
-		slot->latency[b] += tally->latency[b];
-		w->latency[b] += tally->latency[b];
+		slot->v.latency[b] += t->latency[b];
+		w->latency[b] += t->latency[b];
 	}
-	slot->latency_sum += tally->latency_sum;
-	slot->published += tally->events;
-	slot->published_bytes += tally->bytes;
-	w->events += tally->events;
-	w->bytes += tally->bytes;
-	slot->last_delivery = now;
-	SpinLockRelease(&slot->mutex);
+	slot->v.latency_sum += t->latency_sum;
+	slot->v.published += t->events;
+	slot->v.published_bytes += t->bytes;
+	w->events += t->events;
+	w->bytes += t->bytes;
+	slot->v.last_delivery = now;
+}
+
+/*
+ * Events of the open batch were acknowledged.  They leave the backlog now
+ * rather than when their whole page settles, so that the part of a page
+ * delivered before an outage is not counted as pending for as long as the
+ * outage lasts; the next set_backlog sets the figure from the relay's count.
+ */
+static void
+leave_batch(OutboxSlot *slot, int64 events)
+{
+	slot->batch_remaining = Max(slot->batch_remaining - events, 0);
+}
+
+/* OutboxRoundReport's set_backlog: see its fields */
+static void
+set_backlog(OutboxSlot *slot, bool batch_opened, int64 remaining,
+			TimestampTz oldest, int page_size)
+{
+	if (batch_opened)
+		slot->committed_at_open = slot->committed_events;
+	slot->batch_remaining = Max(remaining, 0);
+	if (oldest >= 0)
+		slot->v.oldest_pending = oldest;
+	slot->v.page_size = page_size;
 }
 
 /*
@@ -767,195 +719,80 @@ OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
 void
 OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 {
-	const OutboxDeliveryTally *t = &r->delivered;
 	TimestampTz now = GetCurrentTimestamp();
-	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
-	OutboxWindow *w = &slot->window[period % OUTBOX_WINDOWS];
-	int			b;
+	int			c;
 
 	SpinLockAcquire(&slot->mutex);
 	slot->pages += r->pages;
-	slot->retries += r->retries;
-	for (b = 0; b < lengthof(slot->failures); b++)
-		slot->failures[b] += r->failures[b];
+	slot->v.retries += r->retries;
+	for (c = 0; c < lengthof(slot->v.failures); c++)
+		slot->v.failures[c] += r->failures[c];
 	if (r->brokers_up != OUTBOX_BROKERS_UNCHANGED)
-		slot->brokers_up = r->brokers_up;
-	if (t->events > 0)
+		slot->v.brokers_up = r->brokers_up;
+	if (r->delivered.events > 0)
 	{
-		if (w->period != period)
-		{
-			memset(w, 0, sizeof(OutboxWindow));
-			w->period = period;
-		}
-		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
-		{
-			slot->latency[b] += t->latency[b];
-			w->latency[b] += t->latency[b];
-		}
-		slot->latency_sum += t->latency_sum;
-		slot->published += t->events;
-		slot->published_bytes += t->bytes;
-		w->events += t->events;
-		w->bytes += t->bytes;
-		slot->last_delivery = now;
+		add_delivered(slot, &r->delivered, now);
 		if (r->batch_events)
-			slot->batch_remaining = Max(slot->batch_remaining - (int64) t->events, 0);
+			leave_batch(slot, (int64) r->delivered.events);
 	}
 	if (r->set_backlog)
-	{
-		if (r->batch_opened)
-			slot->committed_at_open = slot->committed_events;
-		slot->batch_remaining = Max(r->batch_remaining, 0);
-		if (r->oldest_pending >= 0)
-			slot->oldest_pending = r->oldest_pending;
-		slot->page_size = r->page_size;
-	}
+		set_backlog(slot, r->batch_opened, r->batch_remaining,
+					r->oldest_pending, r->page_size);
 	SpinLockRelease(&slot->mutex);
 }
 
-/*
- * OutboxSlotSetBacklog
- *		Relay: where it stands.  remaining: events of the open batch not yet
- *		settled; batch_opened: the batch was just opened (or found empty), so
- *		from now on the backlog is remaining plus what commits later.
- *		oldest: created_at of the oldest event not yet delivered, 0 when
- *		none, -1 to keep the last one.
- */
+/* old per-page setters: removed when relay.c uses OutboxSlotReportRound */
+
+void
+OutboxSlotCountPage(OutboxSlot *slot)
+{
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.pages = 1, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
+}
+
+void
+OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally)
+{
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.delivered = *tally, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
+}
+
 void
 OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
 					 TimestampTz oldest, int page_size)
 {
-	SpinLockAcquire(&slot->mutex);
-	if (batch_opened)
-		slot->committed_at_open = slot->committed_events;
-	slot->batch_remaining = Max(remaining, 0);
-	if (oldest >= 0)
-		slot->oldest_pending = oldest;
-	slot->page_size = page_size;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.set_backlog = true, .batch_opened = batch_opened,
+		.batch_remaining = remaining, .oldest_pending = oldest,
+		.page_size = page_size, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
-/*
- * OutboxSlotCountBatchDelivered
- *		Relay: events of the open batch were acknowledged.  They leave the
- *		backlog now rather than when their whole page settles, so that the
- *		part of a page delivered before an outage is not counted as pending
- *		for as long as the outage lasts.  The next OutboxSlotSetBacklog
- *		sets the figure again from the relay's own count.
- */
 void
 OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events)
 {
 	SpinLockAcquire(&slot->mutex);
-	slot->batch_remaining = Max(slot->batch_remaining - events, 0);
+	leave_batch(slot, events);
 	SpinLockRelease(&slot->mutex);
 }
 
 void
 OutboxSlotCountRetries(OutboxSlot *slot, int events)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->retries += events;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {
+		.retries = events, .brokers_up = OUTBOX_BROKERS_UNCHANGED});
 }
 
 void
 OutboxSlotSetBrokersUp(OutboxSlot *slot, int up)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->brokers_up = up;
-	SpinLockRelease(&slot->mutex);
+	OutboxSlotReportRound(slot, &(OutboxRoundReport) {.brokers_up = up});
 }
 
-/*
- * OutboxSlotCountError
- *		Relay: record the last error for status().
- */
-void
-OutboxSlotCountError(OutboxSlot *slot, const char *message)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&slot->mutex);
-	slot->last_error_at = now;
-	strlcpy(slot->last_error, message, sizeof(slot->last_error));
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxSlotMarkNoExtension
- *		Relay, before exiting: its database has no outbox extension, so the
- *		launcher should not restart it.
- */
-void
-OutboxSlotMarkNoExtension(OutboxSlot *slot)
-{
-	SpinLockAcquire(&slot->mutex);
-	slot->no_extension = true;
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * OutboxSlotTakeReplayPending
- *		Relay: whether replays were queued since the last call.
- */
-bool
-OutboxSlotTakeReplayPending(OutboxSlot *slot)
-{
-	bool		pending;
-
-	SpinLockAcquire(&slot->mutex);
-	pending = slot->replay_pending;
-	slot->replay_pending = false;
-	SpinLockRelease(&slot->mutex);
-	return pending;
-}
-
-/*
- * OutboxSlotCountFailure
- *		Relay: one event's delivery failed with an error of class c.
- */
 void
 OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->failures[c]++;
-	SpinLockRelease(&slot->mutex);
-}
+	OutboxRoundReport r = {.brokers_up = OUTBOX_BROKERS_UNCHANGED};
 
-/*
- * OutboxRequestExtensionCheck
- *		DROP EXTENSION outbox committed: have dboid's relay look whether its
- *		extension is still there, even while it is paused.
- */
-void
-OutboxRequestExtensionCheck(Oid dboid)
-{
-	OutboxSlot *slot = OutboxSlotFind(dboid);
-	Latch	   *latch = NULL;
-
-	if (slot == NULL)
-		return;
-	SpinLockAcquire(&slot->mutex);
-	slot->check_extension = true;
-	latch = slot->latch;
-	SpinLockRelease(&slot->mutex);
-	if (latch != NULL)
-		SetLatch(latch);
-}
-
-/*
- * OutboxSlotTakeExtensionCheck
- *		Relay: whether a check was requested since the last call.
- */
-bool
-OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
-{
-	bool		check;
-
-	SpinLockAcquire(&slot->mutex);
-	check = slot->check_extension;
-	slot->check_extension = false;
-	SpinLockRelease(&slot->mutex);
-	return check;
+	r.failures[c] = 1;
+	OutboxSlotReportRound(slot, &r);
 }

@@ -3,12 +3,14 @@
  * status.c
  *		SQL-visible state of the relays: status(), metrics(), health().
  *
- * Invariants: figures come from shared memory (the relay's slot) and the
- * small dead-letter table while a relay runs.  When none runs, nobody keeps
- * the slot's figures, so the backlog and the oldest event's age are
- * counted from outbox.events against the relay's recorded progress, and
- * health() names why no relay runs.  Nothing here writes a table.  What
- * needs the library preloaded says so with a clear error.
+ * Invariants: figures come from a copy of the relay's slot (OutboxSlotRead,
+ * which takes it under the slot's locks: nothing here touches shared memory
+ * itself) and the small dead-letter table while a relay runs.  When none
+ * runs, nobody keeps the slot's figures, so the backlog and the oldest
+ * event's age are counted from outbox.events against the relay's recorded
+ * progress, and health() names why no relay runs.  The three functions
+ * read one StatusSnapshot each and only format it.  Nothing here writes a
+ * table.  What needs the library preloaded says so with a clear error.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,18 +34,26 @@ PG_FUNCTION_INFO_V1(outbox_health);
 /* Everything status(), metrics() and health() report, in one place. */
 typedef struct StatusSnapshot
 {
-	OutboxSlot	slot;			/* a copy, taken under the slot's lock */
+	OutboxSlotView slot;		/* a copy of the relay's slot */
 	bool		running;		/* a relay process is attached */
 	int64		backlog;
 	double		oldest_age;		/* seconds, < 0 when nothing is pending */
-	uint64		last_minute_events;
-	uint64		last_minute_bytes;
-	uint64		window_latency[OUTBOX_LAT_NBUCKETS];
 	int64		quarantined;
 	int64		parked;
 	int64		queued;			/* replay queue and unjudged restored events */
 	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
+
+/* status()'s columns, in its OUT order */
+#define STATUS_NATTS 25
+
+/* a row being filled column by column */
+typedef struct StatusRow
+{
+	Datum		values[STATUS_NATTS];
+	bool		nulls[STATUS_NATTS];
+	int			n;
+} StatusRow;
 
 static void
 require_preload(void)
@@ -54,6 +64,13 @@ require_preload(void)
 				 errmsg("outbox relays are not running"),
 				 errdetail("The outbox library was not loaded at server start."),
 				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
+}
+
+/* column col of the first row the last SPI query returned */
+static Datum
+spi_value(int col, bool *isnull)
+{
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col, isnull);
 }
 
 static void
@@ -68,20 +85,16 @@ count_dead_letters(StatusSnapshot *snap)
 					" FROM outbox.dead_letters WHERE state OPERATOR(pg_catalog.=) ANY ('{quarantined,parked,replaying}'::pg_catalog.text[])",
 					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not count dead letters");
-	snap->quarantined = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 1, &isnull));
-	snap->parked = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc, 2, &isnull));
-	snap->queued = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc, 3, &isnull));
+	snap->quarantined = DatumGetInt64(spi_value(1, &isnull));
+	snap->parked = DatumGetInt64(spi_value(2, &isnull));
+	snap->queued = DatumGetInt64(spi_value(3, &isnull));
 	/* restored events the relay has not judged yet (none before 1.1) */
 	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.restored_events') IS NOT NULL",
 					true, 1) == SPI_OK_SELECT && SPI_processed == 1 &&
-		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) &&
+		DatumGetBool(spi_value(1, &isnull)) &&
 		SPI_execute("SELECT pg_catalog.count(*) FROM outbox.restored_events",
 					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
-		snap->queued += DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 1, &isnull));
+		snap->queued += DatumGetInt64(spi_value(1, &isnull));
 	SPI_finish();
 }
 
@@ -121,9 +134,8 @@ count_backlog_from_log(StatusSnapshot *snap, TimestampTz now)
 		elog(ERROR, "could not count the backlog");
 	if (SPI_processed == 1)
 	{
-		snap->backlog = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 1, &isnull));
-		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+		snap->backlog = DatumGetInt64(spi_value(1, &isnull));
+		d = spi_value(2, &isnull);
 		snap->oldest_age = isnull ? -1 :
 			(double) (now - DatumGetTimestampTz(d)) / USECS_PER_SEC;
 	}
@@ -135,12 +147,12 @@ count_backlog_from_log(StatusSnapshot *snap, TimestampTz now)
  *		Why this database has no relay, as far as shared memory tells.
  */
 static char *
-no_relay_reason(bool has_slot)
+no_relay_reason(bool has_slot, const OutboxSlotView *view)
 {
-	if (!has_slot && OutboxSlotsInUse() >= outbox_max_databases)
+	if (!has_slot && view->slots_full)
 		return psprintf("no relay: outbox.max_databases (%d) reached",
 						outbox_max_databases);
-	if (OutboxNoWorkerSince() != 0)
+	if (view->no_worker_since != 0)
 		return pstrdup("no relay: no free background worker slot (max_worker_processes)");
 	return pstrdup("the relay of this database is not running");
 }
@@ -152,54 +164,20 @@ no_relay_reason(bool has_slot)
 static void
 take_snapshot(StatusSnapshot *snap)
 {
-	OutboxSlot *slot;
 	TimestampTz now = GetCurrentTimestamp();
-	int64		period = now / (OUTBOX_WINDOW_SECS * USECS_PER_SEC);
-	int			w;
-	int			b;
+	bool		has_slot;
 
 	require_preload();
 	memset(snap, 0, sizeof(StatusSnapshot));
-	snap->slot.state = OUTBOX_RELAY_STOPPED;
-	snap->slot.brokers_up = -1;
-	slot = OutboxSlotFind(MyDatabaseId);
-	if (slot != NULL)
-	{
-		SpinLockAcquire(&slot->mutex);
-		memcpy(&snap->slot, slot, sizeof(OutboxSlot));
-		SpinLockRelease(&slot->mutex);
-		/* the slot may have been handed to another database meanwhile */
-		if (snap->slot.dboid != MyDatabaseId)
-		{
-			memset(&snap->slot, 0, sizeof(OutboxSlot));
-			snap->slot.state = OUTBOX_RELAY_STOPPED;
-			snap->slot.brokers_up = -1;
-		}
-	}
+	has_slot = OutboxSlotRead(MyDatabaseId, &snap->slot);
 	snap->running = snap->slot.pid != 0;
-	snap->backlog = snap->slot.batch_remaining +
-		(int64) (snap->slot.committed_events - snap->slot.committed_at_open);
-	if (snap->backlog < 0)
-		snap->backlog = 0;
+	snap->backlog = snap->slot.backlog;
 	snap->oldest_age = snap->slot.oldest_pending != 0 ?
 		(double) (now - snap->slot.oldest_pending) / USECS_PER_SEC : -1;
 	if (!snap->running)
 	{
-		snap->no_relay = no_relay_reason(snap->slot.dboid == MyDatabaseId);
+		snap->no_relay = no_relay_reason(has_slot, &snap->slot);
 		count_backlog_from_log(snap, now);
-	}
-
-	for (w = 0; w < OUTBOX_WINDOWS; w++)
-	{
-		OutboxWindow *win = &snap->slot.window[w];
-
-		if (win->period <= period - OUTBOX_WINDOWS || win->period > period)
-			continue;
-		/* the last minute: whole periods, plus the one under way */
-		snap->last_minute_events += win->events;
-		snap->last_minute_bytes += win->bytes;
-		for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
-			snap->window_latency[b] += win->latency[b];
 	}
 	count_dead_letters(snap);
 	snap->backlog += snap->queued;
@@ -238,7 +216,17 @@ percentile(const uint64 *buckets, double q)
 static const char *
 state_name(const StatusSnapshot *snap)
 {
-	return snap->running ? OutboxRelayStateName(snap->slot.state) : "stopped";
+	return OutboxRelayStateName(snap->running ? snap->slot.state : OUTBOX_RELAY_STOPPED);
+}
+
+/* the next column: value, or NULL when !present */
+static void
+put(StatusRow *row, bool present, Datum value)
+{
+	Assert(row->n < STATUS_NATTS);
+	row->values[row->n] = present ? value : (Datum) 0;
+	row->nulls[row->n] = !present;
+	row->n++;
 }
 
 /*
@@ -249,113 +237,87 @@ Datum
 outbox_status(PG_FUNCTION_ARGS)
 {
 	StatusSnapshot snap;
+	const OutboxSlotView *s = &snap.slot;
 	TupleDesc	tupdesc;
-	Datum		values[25];
-	bool		nulls[25] = {0};
-	int			i = 0;
-	double		p;
+	StatusRow	row;
+	double		p50;
 
 	take_snapshot(&snap);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 
-#define PUT(d) (values[i++] = (d))
-#define PUT_NULL() (nulls[i++] = true)
-	PUT(CStringGetTextDatum(get_database_name(MyDatabaseId)));
-	PUT(CStringGetTextDatum(state_name(&snap)));
-	if (snap.running)
-		PUT(Int32GetDatum(snap.slot.pid));
-	else
-		PUT_NULL();
-	PUT(CStringGetTextDatum(outbox_kafka_brokers));
-	if (snap.running && snap.slot.brokers_up >= 0)
-		PUT(Int32GetDatum(snap.slot.brokers_up));
-	else
-		PUT_NULL();
-	PUT(Int64GetDatum(snap.backlog));
-	if (snap.oldest_age >= 0)
-		PUT(Float8GetDatum(snap.oldest_age));
-	else
-		PUT_NULL();
-	PUT(Int64GetDatum((int64) snap.slot.published));
-	PUT(Int64GetDatum((int64) snap.slot.published_bytes));
-	PUT(Int64GetDatum((int64) snap.last_minute_events));
-	PUT(Int64GetDatum((int64) snap.last_minute_bytes));
-	PUT(Int64GetDatum(snap.quarantined));
-	PUT(Int64GetDatum(snap.parked));
-	PUT(Int64GetDatum((int64) snap.slot.retries));
-	PUT(Int64GetDatum((int64) snap.slot.failures[OUTBOX_ERROR_TRANSIENT]));
-	PUT(Int64GetDatum((int64) snap.slot.failures[OUTBOX_ERROR_PERMANENT]));
-	PUT(Int64GetDatum((int64) snap.slot.failures[OUTBOX_ERROR_FATAL]));
-	if (snap.slot.last_error_at != 0)
-	{
-		PUT(CStringGetTextDatum(snap.slot.last_error));
-		PUT(TimestampTzGetDatum(snap.slot.last_error_at));
-	}
-	else
-	{
-		PUT_NULL();
-		PUT_NULL();
-	}
-	if (snap.slot.last_delivery != 0)
-		PUT(TimestampTzGetDatum(snap.slot.last_delivery));
-	else
-		PUT_NULL();
-	p = percentile(snap.window_latency, 0.50);
-	if (p >= 0)
-	{
-		PUT(Float8GetDatum(p * 1000));
-		PUT(Float8GetDatum(percentile(snap.window_latency, 0.95) * 1000));
-		PUT(Float8GetDatum(percentile(snap.window_latency, 0.99) * 1000));
-	}
-	else
-	{
-		PUT_NULL();
-		PUT_NULL();
-		PUT_NULL();
-	}
-	PUT(Int32GetDatum(snap.slot.page_size));
-	if (snap.running)
-		PUT(TimestampTzGetDatum(snap.slot.started_at));
-	else
-		PUT_NULL();
-#undef PUT
-#undef PUT_NULL
-	Assert(i == tupdesc->natts);
+	memset(&row, 0, sizeof(row));
+	put(&row, true, CStringGetTextDatum(get_database_name(MyDatabaseId)));
+	put(&row, true, CStringGetTextDatum(state_name(&snap)));
+	put(&row, snap.running, Int32GetDatum(s->pid));
+	put(&row, true, CStringGetTextDatum(outbox_kafka_brokers));
+	put(&row, snap.running && s->brokers_up >= 0, Int32GetDatum(s->brokers_up));
+	put(&row, true, Int64GetDatum(snap.backlog));
+	put(&row, snap.oldest_age >= 0, Float8GetDatum(snap.oldest_age));
+	put(&row, true, Int64GetDatum((int64) s->published));
+	put(&row, true, Int64GetDatum((int64) s->published_bytes));
+	put(&row, true, Int64GetDatum((int64) s->minute_events));
+	put(&row, true, Int64GetDatum((int64) s->minute_bytes));
+	put(&row, true, Int64GetDatum(snap.quarantined));
+	put(&row, true, Int64GetDatum(snap.parked));
+	put(&row, true, Int64GetDatum((int64) s->retries));
+	put(&row, true, Int64GetDatum((int64) s->failures[OUTBOX_ERROR_TRANSIENT]));
+	put(&row, true, Int64GetDatum((int64) s->failures[OUTBOX_ERROR_PERMANENT]));
+	put(&row, true, Int64GetDatum((int64) s->failures[OUTBOX_ERROR_FATAL]));
+	put(&row, s->last_error_at != 0, CStringGetTextDatum(s->last_error));
+	put(&row, s->last_error_at != 0, TimestampTzGetDatum(s->last_error_at));
+	put(&row, s->last_delivery != 0, TimestampTzGetDatum(s->last_delivery));
+	p50 = percentile(s->minute_latency, 0.50);
+	put(&row, p50 >= 0, Float8GetDatum(p50 * 1000));
+	put(&row, p50 >= 0, Float8GetDatum(percentile(s->minute_latency, 0.95) * 1000));
+	put(&row, p50 >= 0, Float8GetDatum(percentile(s->minute_latency, 0.99) * 1000));
+	put(&row, true, Int32GetDatum(s->page_size));
+	put(&row, snap.running, TimestampTzGetDatum(s->started_at));
+	Assert(row.n == tupdesc->natts);
 
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
-}
-
-static void
-metric(StringInfo buf, const char *name, const char *type, const char *help)
-{
-	appendStringInfo(buf, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, row.values, row.nulls)));
 }
 
 /*
- * outbox_metrics
- *		SQL outbox.metrics(): the same figures in Prometheus text format.
+ * metric
+ *		A metric's HELP and TYPE lines, then its one sample when value is
+ *		not NULL (a metric of several samples appends them itself).
  */
-Datum
-outbox_metrics(PG_FUNCTION_ARGS)
+static void
+metric(StringInfo buf, const char *labels, const char *name, const char *type,
+	   const char *help, const char *value)
 {
-	StatusSnapshot snap;
-	StringInfoData buf;
-	char		labels[NAMEDATALEN * 2 + 32];
-	char	   *dbname;
+	appendStringInfo(buf, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	if (value != NULL)
+		appendStringInfo(buf, "%s{%s} %s\n", name, labels, value);
+}
+
+static char *
+u64(uint64 value)
+{
+	return psprintf(UINT64_FORMAT, value);
+}
+
+static char *
+i64(int64 value)
+{
+	return psprintf(INT64_FORMAT, value);
+}
+
+/*
+ * database_label
+ *		database="name" into labels, which has room for NAMEDATALEN * 2 +
+ *		32 bytes; label values escape backslash, quote and newline.
+ */
+static void
+database_label(char *labels, size_t size)
+{
+	char	   *dbname = get_database_name(MyDatabaseId);
 	const char *p;
 	char	   *q;
-	uint64		cumulative = 0;
-	int			b;
-	static const char *const states[] = {"starting", "running", "paused", "backing off", "not configured", "stopped"};
-	static const OutboxErrorClass classes[] = {OUTBOX_ERROR_TRANSIENT, OUTBOX_ERROR_PERMANENT, OUTBOX_ERROR_FATAL};
 
-	take_snapshot(&snap);
-
-	/* label values escape backslash, quote and newline */
-	dbname = get_database_name(MyDatabaseId);
 	q = labels + sprintf(labels, "database=\"");
-	for (p = dbname; *p && q < labels + sizeof(labels) - 4; p++)
+	for (p = dbname; *p && q < labels + size - 4; p++)
 	{
 		if (*p == '\\' || *p == '"')
 			*q++ = '\\';
@@ -368,59 +330,149 @@ outbox_metrics(PG_FUNCTION_ARGS)
 		*q++ = *p;
 	}
 	strcpy(q, "\"");
+}
 
-	initStringInfo(&buf);
-	metric(&buf, "outbox_relay_up", "gauge", "1 when the database's relay process runs.");
-	appendStringInfo(&buf, "outbox_relay_up{%s} %d\n", labels, snap.running ? 1 : 0);
-	metric(&buf, "outbox_relay_state", "gauge", "1 for the relay's current state.");
-	for (b = 0; b < lengthof(states); b++)
-		appendStringInfo(&buf, "outbox_relay_state{%s,state=\"%s\"} %d\n", labels, states[b],
-						 strcmp(states[b], state_name(&snap)) == 0 ? 1 : 0);
-	metric(&buf, "outbox_brokers_up", "gauge", "Kafka brokers the relay is connected to (-1 unknown).");
-	appendStringInfo(&buf, "outbox_brokers_up{%s} %d\n", labels,
-					 snap.running ? snap.slot.brokers_up : -1);
-	metric(&buf, "outbox_backlog_events", "gauge", "Committed events not yet published (estimate).");
-	appendStringInfo(&buf, "outbox_backlog_events{%s} " INT64_FORMAT "\n", labels, snap.backlog);
-	metric(&buf, "outbox_oldest_pending_seconds", "gauge", "Age of the oldest event not yet published (0 when none).");
-	appendStringInfo(&buf, "outbox_oldest_pending_seconds{%s} %.3f\n", labels,
-					 Max(snap.oldest_age, 0));
-	metric(&buf, "outbox_published_total", "counter", "Events acknowledged by Kafka since the server started.");
-	appendStringInfo(&buf, "outbox_published_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.published);
-	metric(&buf, "outbox_published_bytes_total", "counter", "Payload bytes acknowledged by Kafka since the server started.");
-	appendStringInfo(&buf, "outbox_published_bytes_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.published_bytes);
-	metric(&buf, "outbox_retries_total", "counter", "Events sent again after a failed attempt.");
-	appendStringInfo(&buf, "outbox_retries_total{%s} " UINT64_FORMAT "\n", labels, snap.slot.retries);
-	metric(&buf, "outbox_delivery_errors_total", "counter", "Failed delivery attempts by error class.");
-	for (b = 0; b < lengthof(classes); b++)
-		appendStringInfo(&buf, "outbox_delivery_errors_total{%s,class=\"%s\"} " UINT64_FORMAT "\n",
-						 labels, OutboxErrorClassName(classes[b]), snap.slot.failures[classes[b]]);
-	metric(&buf, "outbox_quarantined_events", "gauge", "Events quarantined in outbox.dead_letters.");
-	appendStringInfo(&buf, "outbox_quarantined_events{%s} " INT64_FORMAT "\n", labels, snap.quarantined);
-	metric(&buf, "outbox_parked_events", "gauge", "Events waiting behind a quarantined one.");
-	appendStringInfo(&buf, "outbox_parked_events{%s} " INT64_FORMAT "\n", labels, snap.parked);
-	metric(&buf, "outbox_last_delivery_timestamp_seconds", "gauge", "Unix time of the last acknowledged event (0 never).");
-	appendStringInfo(&buf, "outbox_last_delivery_timestamp_seconds{%s} %.3f\n", labels,
-					 snap.slot.last_delivery == 0 ? 0.0 :
-					 (double) snap.slot.last_delivery / USECS_PER_SEC +
-					 (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * (double) SECS_PER_DAY);
-	metric(&buf, "outbox_page_size", "gauge", "Events in the page the relay has in hand.");
-	appendStringInfo(&buf, "outbox_page_size{%s} %d\n", labels, snap.slot.page_size);
-	metric(&buf, "outbox_publish_latency_seconds", "histogram",
-		   "From the event's insert to Kafka's acknowledgement.");
+/* outbox_relay_state: one sample per state name, 1 for the current one */
+static void
+metric_states(StringInfo buf, const char *labels, const StatusSnapshot *snap)
+{
+	int			st;
+
+	metric(buf, labels, "outbox_relay_state", "gauge", "1 for the relay's current state.", NULL);
+	for (st = 0; st < OUTBOX_RELAY_NSTATES; st++)
+	{
+		const char *name = OutboxRelayStateName((OutboxRelayState) st);
+
+		/* two states share a name ("running"): one sample for both */
+		if (st > 0 && strcmp(name, OutboxRelayStateName((OutboxRelayState) (st - 1))) == 0)
+			continue;
+		appendStringInfo(buf, "outbox_relay_state{%s,state=\"%s\"} %d\n", labels, name,
+						 strcmp(name, state_name(snap)) == 0 ? 1 : 0);
+	}
+}
+
+/* outbox_delivery_errors_total, by error class */
+static void
+metric_errors(StringInfo buf, const char *labels, const OutboxSlotView *s)
+{
+	static const OutboxErrorClass classes[] = {OUTBOX_ERROR_TRANSIENT, OUTBOX_ERROR_PERMANENT, OUTBOX_ERROR_FATAL};
+	int			c;
+
+	metric(buf, labels, "outbox_delivery_errors_total", "counter", "Failed delivery attempts by error class.", NULL);
+	for (c = 0; c < lengthof(classes); c++)
+		appendStringInfo(buf, "outbox_delivery_errors_total{%s,class=\"%s\"} " UINT64_FORMAT "\n",
+						 labels, OutboxErrorClassName(classes[c]), s->failures[classes[c]]);
+}
+
+/* outbox_publish_latency_seconds: the histogram since the relay started */
+static void
+metric_latency(StringInfo buf, const char *labels, const OutboxSlotView *s)
+{
+	uint64		cumulative = 0;
+	int			b;
+
+	metric(buf, labels, "outbox_publish_latency_seconds", "histogram",
+		   "From the event's insert to Kafka's acknowledgement.", NULL);
 	for (b = 0; b < OUTBOX_LAT_NBUCKETS; b++)
 	{
-		cumulative += snap.slot.latency[b];
+		cumulative += s->latency[b];
 		if (b < OUTBOX_LAT_NBUCKETS - 1)
-			appendStringInfo(&buf, "outbox_publish_latency_seconds_bucket{%s,le=\"%g\"} " UINT64_FORMAT "\n",
+			appendStringInfo(buf, "outbox_publish_latency_seconds_bucket{%s,le=\"%g\"} " UINT64_FORMAT "\n",
 							 labels, OutboxLatencyBounds[b] / 1000000.0, cumulative);
 		else
-			appendStringInfo(&buf, "outbox_publish_latency_seconds_bucket{%s,le=\"+Inf\"} " UINT64_FORMAT "\n",
+			appendStringInfo(buf, "outbox_publish_latency_seconds_bucket{%s,le=\"+Inf\"} " UINT64_FORMAT "\n",
 							 labels, cumulative);
 	}
-	appendStringInfo(&buf, "outbox_publish_latency_seconds_sum{%s} %.6f\n", labels, snap.slot.latency_sum);
-	appendStringInfo(&buf, "outbox_publish_latency_seconds_count{%s} " UINT64_FORMAT "\n", labels, cumulative);
+	appendStringInfo(buf, "outbox_publish_latency_seconds_sum{%s} %.6f\n", labels, s->latency_sum);
+	appendStringInfo(buf, "outbox_publish_latency_seconds_count{%s} " UINT64_FORMAT "\n", labels, cumulative);
+}
+
+/*
+ * outbox_metrics
+ *		SQL outbox.metrics(): the same figures in Prometheus text format.
+ */
+Datum
+outbox_metrics(PG_FUNCTION_ARGS)
+{
+	StatusSnapshot snap;
+	const OutboxSlotView *s = &snap.slot;
+	StringInfoData buf;
+	char		labels[NAMEDATALEN * 2 + 32];
+	double		last_delivery = 0.0;
+
+	take_snapshot(&snap);
+	database_label(labels, sizeof(labels));
+	if (s->last_delivery != 0)
+		last_delivery = (double) s->last_delivery / USECS_PER_SEC +
+			(POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * (double) SECS_PER_DAY;
+
+	initStringInfo(&buf);
+	metric(&buf, labels, "outbox_relay_up", "gauge", "1 when the database's relay process runs.",
+		   snap.running ? "1" : "0");
+	metric_states(&buf, labels, &snap);
+	metric(&buf, labels, "outbox_brokers_up", "gauge", "Kafka brokers the relay is connected to (-1 unknown).",
+		   psprintf("%d", snap.running ? s->brokers_up : -1));
+	metric(&buf, labels, "outbox_backlog_events", "gauge", "Committed events not yet published (estimate).",
+		   i64(snap.backlog));
+	metric(&buf, labels, "outbox_oldest_pending_seconds", "gauge", "Age of the oldest event not yet published (0 when none).",
+		   psprintf("%.3f", Max(snap.oldest_age, 0)));
+	metric(&buf, labels, "outbox_published_total", "counter", "Events acknowledged by Kafka since the server started.",
+		   u64(s->published));
+	metric(&buf, labels, "outbox_published_bytes_total", "counter", "Payload bytes acknowledged by Kafka since the server started.",
+		   u64(s->published_bytes));
+	metric(&buf, labels, "outbox_retries_total", "counter", "Events sent again after a failed attempt.",
+		   u64(s->retries));
+	metric_errors(&buf, labels, s);
+	metric(&buf, labels, "outbox_quarantined_events", "gauge", "Events quarantined in outbox.dead_letters.",
+		   i64(snap.quarantined));
+	metric(&buf, labels, "outbox_parked_events", "gauge", "Events waiting behind a quarantined one.",
+		   i64(snap.parked));
+	metric(&buf, labels, "outbox_last_delivery_timestamp_seconds", "gauge", "Unix time of the last acknowledged event (0 never).",
+		   psprintf("%.3f", last_delivery));
+	metric(&buf, labels, "outbox_page_size", "gauge", "Events in the page the relay has in hand.",
+		   psprintf("%d", s->page_size));
+	metric_latency(&buf, labels, s);
 
 	PG_RETURN_TEXT_P(cstring_to_text(buf.data));
+}
+
+/*
+ * judge_health
+ *		health()'s verdict on snap against limit seconds: sets *status and
+ *		returns the reason (NULL when all is well).
+ */
+static char *
+judge_health(const StatusSnapshot *snap, double limit, const char **status)
+{
+	const OutboxSlotView *s = &snap->slot;
+
+	*status = "critical";
+	if (!snap->running)
+		return snap->backlog > 0 ?
+			psprintf("%s; " INT64_FORMAT " events wait", snap->no_relay, snap->backlog) :
+			snap->no_relay;
+	if (s->state == OUTBOX_RELAY_NOT_CONFIGURED)
+		return pstrdup("outbox.kafka_brokers is empty: nothing is published");
+	if (snap->oldest_age > limit)
+		return psprintf("the oldest undelivered event is %.0f s old, over %.0f s%s",
+						snap->oldest_age, limit,
+						s->state == OUTBOX_RELAY_PAUSED ?
+						" (publishing is paused: outbox.enabled = off)" : "");
+	*status = "warning";
+	if (s->state == OUTBOX_RELAY_PAUSED)
+		return pstrdup("publishing is paused (outbox.enabled = off)");
+	if (snap->oldest_age > limit / 2)
+		return psprintf("the oldest undelivered event is %.0f s old, over half of %.0f s",
+						snap->oldest_age, limit);
+	if (s->state == OUTBOX_RELAY_BACKING_OFF)
+		return psprintf("backing off after delivery errors: %s", s->last_error);
+	if (snap->quarantined == 1)
+		return pstrdup("1 event is quarantined in outbox.dead_letters");
+	if (snap->quarantined > 0)
+		return psprintf(INT64_FORMAT " events are quarantined in outbox.dead_letters",
+						snap->quarantined);
+	*status = "ok";
+	return NULL;
 }
 
 /*
@@ -437,8 +489,8 @@ outbox_health(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	Datum		values[2];
 	bool		nulls[2] = {0};
-	const char *status = "ok";
-	char	   *reason = NULL;
+	const char *status;
+	char	   *reason;
 
 	limit = max_age->time / (double) USECS_PER_SEC +
 		(max_age->day + max_age->month * (double) DAYS_PER_MONTH) * SECS_PER_DAY;
@@ -457,56 +509,11 @@ outbox_health(PG_FUNCTION_ARGS)
 	else
 	{
 		take_snapshot(&snap);
-		if (!snap.running)
-		{
-			status = "critical";
-			reason = snap.backlog > 0 ?
-				psprintf("%s; " INT64_FORMAT " events wait", snap.no_relay, snap.backlog) :
-				snap.no_relay;
-		}
-		else if (snap.slot.state == OUTBOX_RELAY_NOT_CONFIGURED)
-		{
-			status = "critical";
-			reason = pstrdup("outbox.kafka_brokers is empty: nothing is published");
-		}
-		else if (snap.oldest_age > limit)
-		{
-			status = "critical";
-			reason = psprintf("the oldest undelivered event is %.0f s old, over %.0f s%s",
-							  snap.oldest_age, limit,
-							  snap.slot.state == OUTBOX_RELAY_PAUSED ?
-							  " (publishing is paused: outbox.enabled = off)" : "");
-		}
-		else if (snap.slot.state == OUTBOX_RELAY_PAUSED)
-		{
-			status = "warning";
-			reason = pstrdup("publishing is paused (outbox.enabled = off)");
-		}
-		else if (snap.oldest_age > limit / 2)
-		{
-			status = "warning";
-			reason = psprintf("the oldest undelivered event is %.0f s old, over half of %.0f s",
-							  snap.oldest_age, limit);
-		}
-		else if (snap.slot.state == OUTBOX_RELAY_BACKING_OFF)
-		{
-			status = "warning";
-			reason = psprintf("backing off after delivery errors: %s", snap.slot.last_error);
-		}
-		else if (snap.quarantined > 0)
-		{
-			status = "warning";
-			reason = snap.quarantined == 1 ?
-				pstrdup("1 event is quarantined in outbox.dead_letters") :
-				psprintf(INT64_FORMAT " events are quarantined in outbox.dead_letters",
-						 snap.quarantined);
-		}
+		reason = judge_health(&snap, limit, &status);
 	}
 
 	values[0] = CStringGetTextDatum(status);
-	if (reason != NULL)
-		values[1] = CStringGetTextDatum(reason);
-	else
-		nulls[1] = true;
+	values[1] = reason != NULL ? CStringGetTextDatum(reason) : (Datum) 0;
+	nulls[1] = reason == NULL;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
