@@ -4,7 +4,8 @@ EXTENSION = outbox
 EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/emit.o src/launcher.o src/relay.o \
-	src/store.o src/kafka.o src/status.o src/probe.o
+	src/relay_round.o src/relay_page.o src/store.o src/kafka.o src/status.o \
+	src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
@@ -36,6 +37,7 @@ PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared header (PGXS tracks no header)
 $(OBJS): src/outbox.h src/compat.h
+src/relay.o src/relay_round.o src/relay_page.o: src/relay.h
 
 test-broker:
 	$(MAKE) -C test/broker

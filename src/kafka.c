@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * kafka.c
- *		The librdkafka producer: lifecycle, produce with headers, delivery
- *		reports, error classes.
+ *		The librdkafka producer: its settings and the secrets file, lifecycle,
+ *		produce with headers, delivery reports and their error classes.
  *
  * Invariants:
  *	- This is the only file that includes rdkafka.h.
@@ -10,7 +10,15 @@
  *	  a queue (log.queue=true), and every callback (delivery report, error,
  *	  log) is served by rd_kafka_poll() in the relay's thread, where it only
  *	  records into memory that the relay inspects afterwards.  No callback
- *	  ereports.
+ *	  ereports.  A delivery report is classified where it arrives: the
+ *	  callback writes the event's outcome and, on failure, its error, error
+ *	  class and failure times (OutboxEvent); the relay decides from those.
+ *	- A producer remembers the settings it was built from (brokers,
+ *	  outbox.kafka_config, the secrets file as read), so that the relay can
+ *	  tell when a reload makes it outdated (OutboxProducerOutdated).  The
+ *	  secrets file is read here only: by the check hook, and for the relay
+ *	  at start and at each reload (OutboxKafkaReadSecretsFile), into a
+ *	  context reset at each read; its text is never shown or logged.
  *	- The producer is idempotent, so retries inside librdkafka neither
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
@@ -29,6 +37,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "storage/fd.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -45,7 +54,20 @@ struct OutboxProducer
 	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
 	rd_kafka_topic_t **topics;
 	TimestampTz metadata_paused_until;	/* no metadata fetch before */
+	char	   *built_brokers;	/* the settings it was built from (malloc'd) */
+	char	   *built_config;
+	char	   *built_secrets;
 };
+
+/*
+ * The relay's memo of outbox.kafka_secrets_file, as last read (NULL text
+ * and a message when it could not be), in secrets_cxt, reset at each read.
+ */
+static MemoryContext secrets_cxt = NULL;
+static char *secrets_text = NULL;
+static char *secrets_error = NULL;
+
+static OutboxErrorClass delivery_error_class(int err);
 
 /*
  * The relay's own Kafka headers, named once for the relay (OutboxProducerSend)
@@ -392,6 +414,29 @@ record_error(OutboxProducer *producer, const char *fmt, const char *a, const cha
 	producer->error_count++;
 }
 
+/*
+ * record_outcome
+ *		Write a delivery outcome into event: err 0 is an acknowledgement;
+ *		any other error is classified here, with local telling whether
+ *		librdkafka refused the event itself at produce time.
+ */
+static void
+record_outcome(OutboxEvent *event, int err, bool local)
+{
+	TimestampTz now;
+
+	event->delivery_err = err;
+	if (err == 0)
+		return;
+	now = GetCurrentTimestamp();
+	event->last_err = err;
+	event->last_err_local = local;
+	event->last_class = delivery_error_class(err);
+	if (event->first_failed_at == 0)
+		event->first_failed_at = now;
+	event->last_failed_at = now;
+}
+
 /* Served by rd_kafka_poll in the relay's thread: records the outcome only. */
 static void
 delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
@@ -400,7 +445,7 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	OutboxEvent *event = (OutboxEvent *) msg->_private;
 
 	if (event != NULL)
-		event->delivery_err = (int) msg->err;
+		record_outcome(event, (int) msg->err, false);
 	producer->pending--;
 }
 
@@ -410,7 +455,7 @@ error_report(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	OutboxProducer *producer = (OutboxProducer *) opaque;
 
 	record_error(producer, "%s: %s", rd_kafka_err2name(err), reason);
-	if (OutboxDeliveryErrorClass(err) == OUTBOX_ERROR_FATAL)
+	if (delivery_error_class(err) == OUTBOX_ERROR_FATAL)
 		producer->fatal_count++;
 }
 
@@ -467,15 +512,15 @@ OutboxProducerBrokersUp(OutboxProducer *producer)
 #define SECRETS_LINE_MAX 4096
 
 /*
- * OutboxKafkaReadSecrets
+ * read_secrets
  *		Read and judge the outbox.kafka_secrets_file: librdkafka properties,
  *		one key=value per line of at most SECRETS_LINE_MAX bytes, '#'
  *		starting a comment line.  Returns them as "k=v;k=v" (palloc'd), or
  *		NULL with *errmsg set.  Neither the result's users nor any message
  *		shows any part of a line: a message names the line by number.
  */
-char *
-OutboxKafkaReadSecrets(const char *path, char **errmsg)
+static char *
+read_secrets(const char *path, char **errmsg)
 {
 	FILE	   *f;
 	StringInfoData out;
@@ -558,22 +603,57 @@ OutboxKafkaCheckSecretsFile(const char *path, char **detail)
 {
 	if (path == NULL || path[0] == '\0')
 		return true;
-	return OutboxKafkaReadSecrets(path, detail) != NULL;
+	return read_secrets(path, detail) != NULL;
 }
 
 /*
- * OutboxProducerCreate
- *		Build an idempotent producer for brokers with the extra properties
- *		conf, then secrets (the secrets file's, or NULL).  Returns NULL and
- *		a message in *errmsg on failure.  The result is malloc'd: it outlives
- *		memory contexts and is freed only by OutboxProducerDestroy.
+ * OutboxKafkaReadSecretsFile
+ *		Relay, at start and after each reload: read outbox.kafka_secrets_file
+ *		again into the memo the next OutboxProducerCreate uses.  The first
+ *		call makes the memo's context under parent; each call resets it, so
+ *		reloads do not add up.  A file that cannot be read is remembered as
+ *		such: no producer can be built until a reload fixes it.
  */
-OutboxProducer *
-OutboxProducerCreate(const char *brokers, const char *conftext,
-					 const char *secrets, char **errmsg)
+void
+OutboxKafkaReadSecretsFile(MemoryContext parent)
+{
+	MemoryContext old;
+
+	if (secrets_cxt == NULL)
+		secrets_cxt = AllocSetContextCreate(parent, "outbox secrets",
+											ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(secrets_cxt);
+	old = MemoryContextSwitchTo(secrets_cxt);
+	secrets_text = secrets_error = NULL;
+	if (outbox_kafka_secrets_file[0] != '\0')
+		secrets_text = read_secrets(outbox_kafka_secrets_file, &secrets_error);
+	if (secrets_text == NULL)
+		secrets_text = pstrdup("");
+	MemoryContextSwitchTo(old);
+}
+
+/* free a producer's own memory, what librdkafka does not own (NULL: none) */
+static void
+free_producer_memo(OutboxProducer *producer)
+{
+	if (producer == NULL)
+		return;
+	free(producer->built_brokers);
+	free(producer->built_config);
+	free(producer->built_secrets);
+	free(producer);
+}
+
+/*
+ * producer_conf
+ *		The configuration of a producer for the current settings: outbox's
+ *		defaults, outbox.kafka_brokers, outbox.kafka_config, then the secrets
+ *		file as last read.  NULL and a message in *errmsg when one is refused.
+ */
+static rd_kafka_conf_t *
+producer_conf(char **errmsg)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	OutboxProducer *producer;
 	char		errstr[512];
 	char	   *detail = NULL;
 	int			i;
@@ -595,36 +675,62 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1],
 							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 			elog(ERROR, "librdkafka refused default %s: %s", defaults[i][0], errstr);
-	if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers,
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", outbox_kafka_brokers,
 						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
 		return NULL;
 	}
-	if (!apply_config(conf, conftext, false, &detail) ||
-		(secrets != NULL && !apply_config(conf, secrets, true, &detail)))
+	if (!apply_config(conf, outbox_kafka_config, false, &detail) ||
+		!apply_config(conf, secrets_text, true, &detail))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = detail;
 		return NULL;
 	}
+	return conf;
+}
 
+/*
+ * OutboxProducerCreate
+ *		Relay: build an idempotent producer for the current settings and
+ *		the secrets file as OutboxKafkaReadSecretsFile last read it.
+ *		Returns NULL and a message in *errmsg (in the caller's memory
+ *		context) on failure.  The result is malloc'd: it outlives memory
+ *		contexts and is freed only by OutboxProducerDestroy.
+ */
+OutboxProducer *
+OutboxProducerCreate(char **errmsg)
+{
+	rd_kafka_conf_t *conf;
+	OutboxProducer *producer;
+	char		errstr[512];
+
+	if (secrets_error != NULL)
+	{
+		*errmsg = pstrdup(secrets_error);
+		return NULL;
+	}
+	if ((conf = producer_conf(errmsg)) == NULL)
+		return NULL;
 	producer = calloc(1, sizeof(OutboxProducer));
-	if (producer == NULL)
+	if (producer == NULL ||
+		(producer->built_brokers = strdup(outbox_kafka_brokers)) == NULL ||
+		(producer->built_config = strdup(outbox_kafka_config)) == NULL ||
+		(producer->built_secrets = strdup(secrets_text)) == NULL)
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = pstrdup("out of memory");
-		return NULL;
+		goto fail;
 	}
 	if (pipe(producer->pipefd) != 0 ||
 		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
 		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
 	{
 		rd_kafka_conf_destroy(conf);
-		free(producer);
 		*errmsg = psprintf("could not create a pipe: %m");
-		return NULL;
+		goto fail;
 	}
 
 	rd_kafka_conf_set_opaque(conf, producer);
@@ -641,9 +747,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		rd_kafka_conf_destroy(conf);
 		close(producer->pipefd[0]);
 		close(producer->pipefd[1]);
-		free(producer);
 		*errmsg = psprintf("could not create the Kafka producer: %s", errstr);
-		return NULL;
+		goto fail;
 	}
 	rd_kafka_set_log_queue(producer->rk, NULL);
 	{
@@ -653,6 +758,23 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		rd_kafka_queue_destroy(mainq);
 	}
 	return producer;
+
+fail:
+	free_producer_memo(producer);
+	return NULL;
+}
+
+/*
+ * OutboxProducerOutdated
+ *		Whether outbox.kafka_brokers, outbox.kafka_config or the secrets file
+ *		(as last read) changed since the producer was built.
+ */
+bool
+OutboxProducerOutdated(const OutboxProducer *producer)
+{
+	return strcmp(producer->built_brokers, outbox_kafka_brokers) != 0 ||
+		strcmp(producer->built_config, outbox_kafka_config) != 0 ||
+		strcmp(producer->built_secrets, secrets_text) != 0;
 }
 
 /*
@@ -694,7 +816,7 @@ OutboxProducerDestroy(OutboxProducer *producer)
 	rd_kafka_destroy(producer->rk);
 	close(producer->pipefd[0]);
 	close(producer->pipefd[1]);
-	free(producer);
+	free_producer_memo(producer);
 }
 
 /*
@@ -787,7 +909,6 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		add_header(hdrs, event->header_names[i], event->header_values[i]);
 
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
-	event->delivery_local = false;
 	err = rd_kafka_producev(producer->rk,
 							RD_KAFKA_V_TOPIC(event->topic),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
@@ -800,8 +921,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	{
 		/* on failure the headers stay ours */
 		rd_kafka_headers_destroy(hdrs);
-		event->delivery_err = (int) err;
-		event->delivery_local = true;
+		record_outcome(event, (int) err, true);
 		return;
 	}
 	producer->pending++;
@@ -903,11 +1023,11 @@ OutboxDeliveryErrorText(int err, bool local)
 }
 
 /*
- * OutboxDeliveryErrorClass
+ * delivery_error_class
  *		Design section 5: what a delivery error means for the event.
  */
-OutboxErrorClass
-OutboxDeliveryErrorClass(int err)
+static OutboxErrorClass
+delivery_error_class(int err)
 {
 	switch ((rd_kafka_resp_err_t) err)
 	{

@@ -276,8 +276,10 @@ typedef struct OutboxProducer OutboxProducer;
 
 /*
  * One event as the relay publishes it.  Strings are NUL-terminated and
- * owned by the relay's page memory context; delivery_err is written by the
- * delivery report (0: acknowledged).
+ * owned by the relay's page memory context.  kafka.c writes the outcome
+ * where it arrives (the delivery report, or librdkafka's refusal at produce
+ * time): delivery_err (0: acknowledged) and, for a failure, last_err,
+ * last_err_local, last_class and the failure times.
  */
 typedef struct OutboxEvent
 {
@@ -301,14 +303,13 @@ typedef struct OutboxEvent
 	char	  **header_values;
 	TimestampTz created_at;
 	int			delivery_err;
-	bool		delivery_local; /* delivery_err is librdkafka's own refusal at
-								 * produce time, not a delivery report's */
 
 	/* delivery state, kept by the relay while the page is in hand */
 	int			disposition;	/* OUTBOX_EVENT_* */
 	int			attempts;		/* permanent failures so far */
 	int			last_err;
-	bool		last_err_local; /* delivery_local of last_err */
+	bool		last_err_local; /* last_err is librdkafka's own refusal at
+								 * produce time, not a delivery report's */
 	OutboxErrorClass last_class;
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
@@ -327,11 +328,10 @@ typedef struct OutboxEvent
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
 extern int	OutboxKafkaMessageMaxBytes(const char *conf);
 extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
-extern char *OutboxKafkaReadSecrets(const char *path, char **errmsg);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
-extern OutboxProducer *OutboxProducerCreate(const char *brokers,
-											const char *conf, const char *secrets,
-											char **errmsg);
+extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
+extern OutboxProducer *OutboxProducerCreate(char **errmsg);
+extern bool OutboxProducerOutdated(const OutboxProducer *producer);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
 extern int	OutboxProducerEventFd(OutboxProducer *producer);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
@@ -341,7 +341,6 @@ extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
-extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
 extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
