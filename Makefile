@@ -4,7 +4,8 @@ EXTENSION = outbox
 EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/emit.o src/launcher.o src/relay.o \
-	src/relay_round.o src/relay_page.o src/store.o src/kafka.o src/status.o \
+	src/relay_round.o src/relay_page.o src/store.o src/kafka.o \
+	src/kafka_settings.o src/message.o src/status.o \
 	src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 

@@ -11,14 +11,12 @@
  *	  log) is served by rd_kafka_poll() in the relay's thread, where it only
  *	  records into memory that the relay inspects afterwards.  No callback
  *	  ereports.  A delivery report is classified where it arrives: the
- *	  callback writes the event's outcome and, on failure, its error, error
- *	  class and failure times (OutboxEvent); the relay decides from those.
+ *	  event gets its outcome, error, error class and failure times.
  *	- A producer remembers the settings it was built from (brokers,
- *	  outbox.kafka_config, the secrets file as read), so that the relay can
- *	  tell when a reload makes it outdated (OutboxProducerOutdated).  The
- *	  secrets file is read here only: by the check hook, and for the relay
- *	  at start and at each reload (OutboxKafkaReadSecretsFile), into a
- *	  context reset at each read; its text is never shown or logged.
+ *	  outbox.kafka_config, the secrets file), so that the relay can tell
+ *	  when a reload makes it outdated.  The relay's secrets file is read
+ *	  here, at start and at each reload, into a context reset at each read;
+ *	  its text is never shown or logged.
  *	- The producer is idempotent, so retries inside librdkafka neither
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
@@ -36,7 +34,6 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "storage/fd.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -60,125 +57,12 @@ struct OutboxProducer
 };
 
 /*
- * The relay's memo of outbox.kafka_secrets_file, as last read (NULL text
+ * The relay's memo of outbox.kafka_secrets_file, as last read (empty text
  * and a message when it could not be), in secrets_cxt, reset at each read.
  */
 static MemoryContext secrets_cxt = NULL;
 static char *secrets_text = NULL;
 static char *secrets_error = NULL;
-
-static OutboxErrorClass delivery_error_class(int err);
-
-/*
- * The relay's own Kafka headers, named once for the relay (OutboxProducerSend)
- * and for emit(), which refuses caller headers of these names.
- */
-const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS] = {
-	[OUTBOX_HEADER_ID] = "id",
-	[OUTBOX_HEADER_EVENT_TYPE] = "event_type",
-	[OUTBOX_HEADER_AGGREGATE_TYPE] = "aggregate_type",
-	[OUTBOX_HEADER_AGGREGATE_ID] = "aggregate_id",
-	[OUTBOX_HEADER_SEQ] = "seq",
-	[OUTBOX_HEADER_SCHEMA_VERSION] = "schema_version",
-	[OUTBOX_HEADER_OCCURRED_AT] = "occurred_at",
-	[OUTBOX_HEADER_TRACEPARENT] = "traceparent",
-	[OUTBOX_HEADER_TENANT] = "tenant",
-};
-
-/* properties outbox owns; setting them in outbox.kafka_config is refused */
-static const char *const reserved_properties[][2] = {
-	{"bootstrap.servers", "Set outbox.kafka_brokers instead."},
-	{"metadata.broker.list", "Set outbox.kafka_brokers instead."},
-	{"enable.idempotence", "The relay's ordering promise needs the idempotent producer."},
-
-	/*
-	 * A batch that runs out of retries fails while the later batches of its
-	 * partition go through, so the relay's resend would land behind them
-	 * (test/t/102_request_errors.pl); so does a message timeout that fails
-	 * part of a partition's queue.  librdkafka retries without end here,
-	 * and the relay withdraws a whole round after outbox.delivery_timeout.
-	 */
-	{"message.send.max.retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
-	{"retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
-	{"message.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
-	{"delivery.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
-	{"log.queue", "The relay serves librdkafka logs from its own thread."},
-
-	/*
-	 * Properties that make the server process load or run code named in a
-	 * setting: a configuration mistake or a stolen superuser session should
-	 * not become a shared library in every backend (librdkafka loads
-	 * plugins as soon as the property is set, in the check hook).
-	 */
-	{"plugin.library.paths", "It loads shared libraries into the server."},
-	{"ssl.engine.location", "It loads a shared library into the server."},
-	{"ssl.providers", "It loads OpenSSL provider modules into the server; configure them in OpenSSL's own configuration file."},
-	{"sasl.kerberos.kinit.cmd", "It runs a shell command from the server; keep librdkafka's default kinit command."},
-};
-
-/*
- * Values of a property that are refused.  The relay always sends a
- * non-empty key (emit() refuses an empty one), so every other partitioner
- * maps a key to one partition: the *_random ones are random only for a
- * NULL key (consistent_random also for an empty one).
- */
-static const char *const refused_values[][3] = {
-	{"partitioner", "random", "Events of one aggregate must go to one partition: use a partitioner that hashes the key."},
-	{"queuing.strategy", "lifo", "The relay's ordering promise needs queuing.strategy fifo."},
-};
-
-/*
- * In the secrets file: a property emit() must see too (it is read from
- * outbox.kafka_config only, by every backend).
- */
-static const char *const not_secret_properties[][2] = {
-	{"message.max.bytes", "It belongs in outbox.kafka_config, where emit() reads it to check event sizes."},
-};
-
-static bool
-property_is_secret(const char *name)
-{
-	return strstr(name, "password") != NULL || strstr(name, "secret") != NULL ||
-		strstr(name, "key") != NULL || strstr(name, "token") != NULL ||
-		strstr(name, "jaas") != NULL;
-}
-
-/*
- * property_refusal
- *		Why outbox refuses this property and value, or NULL; *by_value
- *		tells whether only this value is refused.  librdkafka also accepts a
- *		topic property with a "topic." prefix, so the name is judged without
- *		it too; it reads some values (queuing.strategy) in any letter case.
- */
-static const char *
-property_refusal(const char *name, const char *value, bool from_secrets,
-				 bool *by_value)
-{
-	const char *bare = name;
-	int			i;
-
-	*by_value = false;
-	if (strncmp(bare, "topic.", 6) == 0)
-		bare += 6;
-	for (i = 0; i < lengthof(reserved_properties); i++)
-		if (strcmp(name, reserved_properties[i][0]) == 0 ||
-			strcmp(bare, reserved_properties[i][0]) == 0)
-			return reserved_properties[i][1];
-	for (i = 0; i < lengthof(refused_values); i++)
-		if ((strcmp(name, refused_values[i][0]) == 0 ||
-			 strcmp(bare, refused_values[i][0]) == 0) &&
-			pg_strcasecmp(value, refused_values[i][1]) == 0)
-		{
-			*by_value = true;
-			return refused_values[i][2];
-		}
-	if (from_secrets)
-		for (i = 0; i < lengthof(not_secret_properties); i++)
-			if (strcmp(name, not_secret_properties[i][0]) == 0 ||
-				strcmp(bare, not_secret_properties[i][0]) == 0)
-				return not_secret_properties[i][1];
-	return NULL;
-}
 
 /*
  * apply_property
@@ -194,7 +78,7 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 			   const char *where, char **detail)
 {
 	bool		by_value;
-	const char *why = property_refusal(name, value, where != NULL, &by_value);
+	const char *why = OutboxKafkaPropertyRefusal(name, value, where != NULL, &by_value);
 	char		errstr[512];
 
 	if (why != NULL)
@@ -212,31 +96,12 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 	{
 		if (where != NULL)
 			*detail = psprintf("librdkafka rejects the property on %s.", where);
-		else if (property_is_secret(name))
+		else if (OutboxKafkaPropertyIsSecret(name))
 			*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
 		else
 			*detail = psprintf("librdkafka rejects property \"%s\": %s.", name, errstr);
 		return false;
 	}
-	return true;
-}
-
-/*
- * split_property
- *		Split "name = value" in place; false when there is no '='.
- */
-static bool
-split_property(char *item, char **name, char **value)
-{
-	char	   *eq = strchr(item, '=');
-
-	if (eq == NULL)
-		return false;
-	*eq = '\0';
-	*name = item;
-	*value = eq + 1;
-	while (eq > item && (eq[-1] == ' ' || eq[-1] == '\t'))
-		*--eq = '\0';
 	return true;
 }
 
@@ -267,13 +132,13 @@ apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
 		if (*item == '\0')
 			continue;
 		n++;
-		if (!split_property(item, &name, &value))
+		if (!OutboxKafkaSplitProperty(item, &name, &value))
 		{
 			if (from_secrets)
 				*detail = psprintf("Entry %d of outbox.kafka_secrets_file is not of the form key=value.", n);
 			else
 				*detail = psprintf("Entry \"%.64s\" is not of the form key=value.",
-								   property_is_secret(item) ? "(hidden)" : item);
+								   OutboxKafkaPropertyIsSecret(item) ? "(hidden)" : item);
 			return false;
 		}
 		if (!apply_property(conf, name, value,
@@ -322,96 +187,55 @@ OutboxKafkaMessageMaxBytes(const char *text)
 	return result;
 }
 
-/*
- * Per-record overhead librdkafka adds before comparing a message with
- * message.max.bytes (rd_kafka_msg_new0() in rdkafka_msg.c,
- * RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD in rdkafka_proto.h): the worst-case
- * varint sizes of Length (5), Attributes (1), TimestampDelta (10),
- * OffsetDelta (5), KeyLen (5), ValueLen (5), HeaderCnt (5).
- */
-#define LIBRDKAFKA_RECORD_OVERHEAD (5 + 1 + 10 + 5 + 5 + 5 + 5)
-
-/* bytes of a zig-zag varint of a non-negative n (rd_uvarint_enc_i64) */
-static size_t
-varint_size(size_t n)
-{
-	uint64		v = (uint64) n << 1;
-	size_t		bytes = 1;
-
-	while (v > 0x7f)
-	{
-		v >>= 7;
-		bytes++;
-	}
-	return bytes;
-}
-
-/* a header as librdkafka counts it (rd_kafka_header_add0 in rdkafka_header.c) */
-static size_t
-header_wire_size(const char *name, const char *value)
-{
-	size_t		nlen = strlen(name);
-	size_t		vlen = strlen(value);
-
-	return nlen + vlen + varint_size(nlen) + varint_size(vlen);
-}
-
-/*
- * relay_header_values
- *		The values of the relay's own headers for event, NULL for those it
- *		does not send.  num must hold two numbers (seq, schema_version).
- */
-static void
-relay_header_values(const OutboxEvent *event, const char **values, char num[2][32])
-{
-	values[OUTBOX_HEADER_ID] = event->event_id;
-	values[OUTBOX_HEADER_EVENT_TYPE] = event->event_type;
-	values[OUTBOX_HEADER_AGGREGATE_TYPE] = event->aggregate_type;
-	values[OUTBOX_HEADER_AGGREGATE_ID] = event->aggregate_id;
-	values[OUTBOX_HEADER_SEQ] = NULL;
-	if (event->has_seq)
-	{
-		snprintf(num[0], sizeof(num[0]), INT64_FORMAT, event->seq);
-		values[OUTBOX_HEADER_SEQ] = num[0];
-	}
-	snprintf(num[1], sizeof(num[1]), "%d", event->schema_version);
-	values[OUTBOX_HEADER_SCHEMA_VERSION] = num[1];
-	values[OUTBOX_HEADER_OCCURRED_AT] = event->occurred_at;
-	values[OUTBOX_HEADER_TRACEPARENT] = event->traceparent;
-	values[OUTBOX_HEADER_TENANT] = event->tenant;
-}
-
-/*
- * OutboxEventWireSize
- *		The size librdkafka compares with message.max.bytes when the relay
- *		produces event (OutboxProducerSend): overhead, key, value, and every
- *		header, the relay's and the caller's.  *headers_size gets the
- *		headers' share.
- */
-size_t
-OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
-{
-	const char *values[OUTBOX_NUM_HEADERS];
-	char		num[2][32];
-	size_t		hdrs = 0;
-	int			i;
-
-	relay_header_values(event, values, num);
-	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
-		if (values[i] != NULL)
-			hdrs += header_wire_size(OutboxHeaderNames[i], values[i]);
-	for (i = 0; i < event->nheaders; i++)
-		hdrs += header_wire_size(event->header_names[i], event->header_values[i]);
-	*headers_size = hdrs;
-	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
-		(size_t) event->payload_len + hdrs;
-}
-
 static void
 record_error(OutboxProducer *producer, const char *fmt, const char *a, const char *b)
 {
 	snprintf(producer->error, sizeof(producer->error), fmt, a, b);
 	producer->error_count++;
+}
+
+/*
+ * delivery_error_class
+ *		Design section 5: what a delivery error means for the event.
+ */
+static OutboxErrorClass
+delivery_error_class(int err)
+{
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR_NO_ERROR:
+			return OUTBOX_ERROR_NONE;
+
+			/* the event itself can never be written as it is */
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+			return OUTBOX_ERROR_PERMANENT;
+
+			/* the producer cannot go on; rebuild it */
+		case RD_KAFKA_RESP_ERR__FATAL:
+		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
+		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR__SSL:
+			return OUTBOX_ERROR_FATAL;
+
+		default:
+			/* timeouts, broker down, leader moves, throttling, purges */
+			return OUTBOX_ERROR_TRANSIENT;
+	}
 }
 
 /*
@@ -508,89 +332,28 @@ OutboxProducerBrokersUp(OutboxProducer *producer)
 	return producer->brokers_up;
 }
 
-#define SECRETS_FILE_MAX (64 * 1024)
-#define SECRETS_LINE_MAX 4096
+/* librdkafka judges one property of the secrets file (conf: its rd_kafka_conf_t) */
+static bool
+judge_secret(const char *name, const char *value, const char *where,
+			 char **errmsg, void *conf)
+{
+	return apply_property((rd_kafka_conf_t *) conf, name, value, where, errmsg);
+}
 
 /*
  * read_secrets
- *		Read and judge the outbox.kafka_secrets_file: librdkafka properties,
- *		one key=value per line of at most SECRETS_LINE_MAX bytes, '#'
- *		starting a comment line.  Returns them as "k=v;k=v" (palloc'd), or
- *		NULL with *errmsg set.  Neither the result's users nor any message
- *		shows any part of a line: a message names the line by number.
+ *		The secrets file at path, judged by outbox and librdkafka, as
+ *		"k=v;k=v" (palloc'd), or NULL with *errmsg set
+ *		(OutboxKafkaReadSecretsText).
  */
 static char *
 read_secrets(const char *path, char **errmsg)
 {
-	FILE	   *f;
-	StringInfoData out;
-	rd_kafka_conf_t *conf;
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char	   *text = OutboxKafkaReadSecretsText(path, judge_secret, conf, errmsg);
 
-	/* room for a longest line, its \r\n and the terminator */
-	char		line[SECRETS_LINE_MAX + 3];
-	int			lineno = 0;
-
-	f = AllocateFile(path, "r");
-	if (f == NULL)
-	{
-		*errmsg = psprintf("Could not open \"%s\": %m.", path);
-		return NULL;
-	}
-	initStringInfo(&out);
-	conf = rd_kafka_conf_new();
-	while (fgets(line, sizeof(line), f) != NULL)
-	{
-		char	   *p = line;
-		char	   *item;
-		char	   *name;
-		char	   *value;
-		size_t		len;
-
-		lineno++;
-		len = strcspn(line, "\r\n");
-		if ((line[len] == '\0' && !feof(f)) || len > SECRETS_LINE_MAX)
-		{
-			*errmsg = psprintf("Line %d of \"%s\" is longer than %d bytes.",
-							   lineno, path, SECRETS_LINE_MAX);
-			goto fail;
-		}
-		line[len] = '\0';
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p == '\0' || *p == '#')
-			continue;
-		if (strchr(p, ';') != NULL)
-		{
-			*errmsg = psprintf("Line %d of \"%s\" contains \";\": write one property per line.",
-							   lineno, path);
-			goto fail;
-		}
-		if (out.len + strlen(p) > SECRETS_FILE_MAX)
-		{
-			*errmsg = psprintf("\"%s\" is larger than %d bytes.", path, SECRETS_FILE_MAX);
-			goto fail;
-		}
-		appendStringInfo(&out, "%s%s", out.len > 0 ? ";" : "", p);
-		item = pstrdup(p);
-		if (!split_property(item, &name, &value))
-		{
-			*errmsg = psprintf("Line %d of \"%s\" is not of the form key=value.",
-							   lineno, path);
-			goto fail;
-		}
-		if (!apply_property(conf, name, value,
-							psprintf("line %d of \"%s\"", lineno, path), errmsg))
-			goto fail;
-		pfree(item);
-	}
 	rd_kafka_conf_destroy(conf);
-	FreeFile(f);
-	return out.data;
-
-fail:
-	rd_kafka_conf_destroy(conf);
-	FreeFile(f);
-	return NULL;
+	return text;
 }
 
 /*
@@ -874,12 +637,6 @@ know_topic(OutboxProducer *producer, const char *topic)
 			TimestampTzPlusMilliseconds(GetCurrentTimestamp(), TOPIC_METADATA_PAUSE_MS);
 }
 
-static rd_kafka_resp_err_t
-add_header(rd_kafka_headers_t *hdrs, const char *name, const char *value)
-{
-	return rd_kafka_header_add(hdrs, name, -1, value, -1);
-}
-
 /*
  * OutboxProducerSend
  *		Hand one event to librdkafka.  Its outcome arrives later in
@@ -900,13 +657,14 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		strcmp(rd_kafka_topic_name(producer->topics[producer->ntopics - 1]), event->topic) != 0)
 		know_topic(producer, event->topic);
 
-	relay_header_values(event, values, num);
+	OutboxEventHeaderValues(event, values, num);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
-			add_header(hdrs, OutboxHeaderNames[i], values[i]);
+			rd_kafka_header_add(hdrs, OutboxHeaderNames[i], -1, values[i], -1);
 	for (i = 0; i < event->nheaders; i++)
-		add_header(hdrs, event->header_names[i], event->header_values[i]);
+		rd_kafka_header_add(hdrs, event->header_names[i], -1,
+							event->header_values[i], -1);
 
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
 	err = rd_kafka_producev(producer->rk,
@@ -1019,50 +777,6 @@ OutboxDeliveryErrorText(int err, bool local)
 			return text;
 		default:
 			return name;
-	}
-}
-
-/*
- * delivery_error_class
- *		Design section 5: what a delivery error means for the event.
- */
-static OutboxErrorClass
-delivery_error_class(int err)
-{
-	switch ((rd_kafka_resp_err_t) err)
-	{
-		case RD_KAFKA_RESP_ERR_NO_ERROR:
-			return OUTBOX_ERROR_NONE;
-
-			/* the event itself can never be written as it is */
-		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
-		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
-		case RD_KAFKA_RESP_ERR__INVALID_ARG:
-		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
-		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
-		case RD_KAFKA_RESP_ERR_INVALID_MSG:
-		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
-		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
-			return OUTBOX_ERROR_PERMANENT;
-
-			/* the producer cannot go on; rebuild it */
-		case RD_KAFKA_RESP_ERR__FATAL:
-		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
-		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
-		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
-		case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
-		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
-		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
-		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
-		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
-		case RD_KAFKA_RESP_ERR__SSL:
-			return OUTBOX_ERROR_FATAL;
-
-		default:
-			/* timeouts, broker down, leader moves, throttling, purges */
-			return OUTBOX_ERROR_TRANSIENT;
 	}
 }
 

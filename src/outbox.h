@@ -325,9 +325,24 @@ typedef struct OutboxEvent
 #define OUTBOX_EVENT_QUARANTINED	2
 #define OUTBOX_EVENT_PARKED			3
 
+/* message.c */
+extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
+									char num[2][32]);
+extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
+
+/* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
+typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
+								  const char *where, char **detail, void *arg);
+extern bool OutboxKafkaPropertyIsSecret(const char *name);
+extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
+											  bool from_secrets, bool *by_value);
+extern bool OutboxKafkaSplitProperty(char *item, char **name, char **value);
+extern char *OutboxKafkaReadSecretsText(const char *path, OutboxKafkaJudge judge,
+										void *arg, char **errmsg);
+
+/* kafka.c */
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
 extern int	OutboxKafkaMessageMaxBytes(const char *conf);
-extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
 extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
 extern OutboxProducer *OutboxProducerCreate(char **errmsg);
