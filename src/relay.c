@@ -33,10 +33,10 @@
  *	  only catches what woke nobody.
  *	- The producer is built, and rebuilt after a reload changed its
  *	  settings or a fatal error, in one place (ensure_producer).
- *	- Shutdown: the loop starts nothing new once it is asked; a page in
- *	  hand is finished only as far as its delivery reports arrive within
- *	  outbox.shutdown_timeout (none while the database is being dropped),
- *	  which relay_wait enforces; a round being handed to librdkafka stops
+ *	- Shutdown: once it is asked, the loop takes no new page in hand; the
+ *	  page in hand is finished only as far as its delivery reports arrive
+ *	  within outbox.shutdown_timeout (none while the database is being
+ *	  dropped), which relay_wait enforces; a round being handed to librdkafka stops
  *	  between two messages, the only blocking librdkafka call being bounded
  *	  (kafka.c).  So a stopping relay is gone within about
  *	  outbox.shutdown_timeout, whatever the brokers do.
@@ -739,6 +739,7 @@ OutboxRelayMain(Datum main_arg)
 	for (;;)
 	{
 		MemoryContextReset(r->loop_cxt);
+		MemoryContextSwitchTo(r->loop_cxt);
 		CHECK_FOR_INTERRUPTS();
 		/* once asked to stop, only the page in hand may be finished */
 		if (r->step == RELAY_STEP_STOP ||

@@ -9,7 +9,8 @@
  * Invariants: a relay process has one Relay, owned by relay.c and passed
  * by pointer; no relay file keeps state of its own in file-level statics.
  * Every memory context below is made at start-up under the relay's own
- * context; after start-up nothing is allocated in TopMemoryContext.
+ * context; after start-up nothing is allocated in TopMemoryContext (but
+ * the wait set from PostgreSQL 17 on: see relay.c).
  *
  *-------------------------------------------------------------------------
  */

@@ -12,7 +12,8 @@
  *	  job (the SEND step); settling never sends.
  *	- Shutdown is looked at between any two messages handed to librdkafka,
  *	  whose only blocking call is bounded (kafka.c): a round cut short says
- *	  so (RelayPage.cut), and the relay stops without waiting for it.
+ *	  so (RelayPage.cut); what it did send is awaited within
+ *	  outbox.shutdown_timeout, and the rest is never sent.
  *	- Delivery reports were classified where they arrived (kafka.c); a
  *	  settled round only applies them, in id order: delivered, counted
  *	  towards outbox.max_attempts, quarantined, parked.  Its figures reach
