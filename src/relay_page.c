@@ -9,7 +9,8 @@
  *	  store.c, and none is open while the relay waits on the network.
  *	  After each the relay is back in its loop memory context.
  *	- The reader moves on at once (the batch in Relay); the progress row
- *	  moves only when a page is settled, once per page (record_page).
+ *	  moves only when a page is settled, once per page
+ *	  (OutboxRelayRecordPage).
  *	- A page holds at most outbox.batch_size events and
  *	  outbox.batch_max_bytes of them, so the page in hand and the one read
  *	  ahead together stay within twice that.
