@@ -3,9 +3,9 @@
 EXTENSION = outbox
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
-	src/topic.o src/sequence.o src/launcher.o src/relay.o \
-	src/store.o src/store_dead.o \
-	src/store_upkeep.o src/kafka.o src/status.o src/probe.o
+	src/topic.o src/sequence.o src/launcher.o src/relay.o src/relay_round.o \
+	src/relay_page.o src/message.o src/store.o src/store_dead.o \
+	src/store_upkeep.o src/kafka.o src/kafka_settings.o src/status.o src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
@@ -37,7 +37,10 @@ PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared header (PGXS tracks no header)
 $(OBJS): src/outbox.h src/compat.h
-src/store.o src/store_dead.o src/store_upkeep.o: src/store.h
+OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
+	src/topic.o src/sequence.o src/launcher.o src/relay.o src/relay_round.o \
+	src/relay_page.o src/message.o src/store.o src/store_dead.o \
+	src/store_upkeep.o src/kafka.o src/kafka_settings.o src/status.o src/probe.o
 
 test-broker:
 	$(MAKE) -C test/broker

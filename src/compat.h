@@ -115,6 +115,21 @@ OutboxXactCompletionCount(void)
 #endif
 }
 
+/* ---- 1.6 A long-lived WaitEventSet ------------------------------------
+ *
+ * 17 made CreateWaitEventSet take a resource owner instead of a memory
+ * context; with none, the set lives in TopMemoryContext there.
+ * OutboxCreateWaitEventSet(cxt, nevents) makes a set that no resource owner
+ * releases, in cxt before 17; FreeWaitEventSet frees it on every version.
+ */
+#include "storage/latch.h"
+#if PG_VERSION_NUM >= 170000
+#define OutboxCreateWaitEventSet(cxt, nevents) \
+	((void) (cxt), CreateWaitEventSet(NULL, (nevents)))
+#else
+#define OutboxCreateWaitEventSet(cxt, nevents) CreateWaitEventSet((cxt), (nevents))
+#endif
+
 
 /* ========================================================================
  * Part 2: librdkafka

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * kafka.c
- *		The librdkafka producer: lifecycle, produce with headers, delivery
- *		reports, error classes.
+ *		The librdkafka producer: its settings and the secrets file, lifecycle,
+ *		produce with headers, delivery reports and their error classes.
  *
  * Invariants:
  *	- This is the only file that includes rdkafka.h.
@@ -10,7 +10,13 @@
  *	  a queue (log.queue=true), and every callback (delivery report, error,
  *	  log) is served by rd_kafka_poll() in the relay's thread, where it only
  *	  records into memory that the relay inspects afterwards.  No callback
- *	  ereports.
+ *	  ereports.  A delivery report is classified where it arrives: the
+ *	  event gets its outcome, error, error class and failure times.
+ *	- A producer remembers the settings it was built from (brokers,
+ *	  outbox.kafka_config, the secrets file), so that the relay can tell
+ *	  when a reload makes it outdated.  The relay's secrets file is read
+ *	  here, at start and at each reload, into a context reset at each read;
+ *	  its text is never shown or logged.
  *	- The producer is idempotent, so retries inside librdkafka neither
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
@@ -28,7 +34,7 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "storage/fd.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -45,118 +51,18 @@ struct OutboxProducer
 	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
 	rd_kafka_topic_t **topics;
 	TimestampTz metadata_paused_until;	/* no metadata fetch before */
+	char	   *built_brokers;	/* the settings it was built from (malloc'd) */
+	char	   *built_config;
+	char	   *built_secrets;
 };
 
 /*
- * The relay's own Kafka headers, named once for the relay (OutboxProducerSend)
- * and for emit(), which refuses caller headers of these names.
+ * The relay's memo of outbox.kafka_secrets_file, as last read (empty text
+ * and a message when it could not be), in secrets_cxt, reset at each read.
  */
-const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS] = {
-	[OUTBOX_HEADER_ID] = "id",
-	[OUTBOX_HEADER_EVENT_TYPE] = "event_type",
-	[OUTBOX_HEADER_AGGREGATE_TYPE] = "aggregate_type",
-	[OUTBOX_HEADER_AGGREGATE_ID] = "aggregate_id",
-	[OUTBOX_HEADER_SEQ] = "seq",
-	[OUTBOX_HEADER_SCHEMA_VERSION] = "schema_version",
-	[OUTBOX_HEADER_OCCURRED_AT] = "occurred_at",
-	[OUTBOX_HEADER_TRACEPARENT] = "traceparent",
-	[OUTBOX_HEADER_TENANT] = "tenant",
-};
-
-/* properties outbox owns; setting them in outbox.kafka_config is refused */
-static const char *const reserved_properties[][2] = {
-	{"bootstrap.servers", "Set outbox.kafka_brokers instead."},
-	{"metadata.broker.list", "Set outbox.kafka_brokers instead."},
-	{"enable.idempotence", "The relay's ordering promise needs the idempotent producer."},
-
-	/*
-	 * A batch that runs out of retries fails while the later batches of its
-	 * partition go through, so the relay's resend would land behind them
-	 * (test/t/102_request_errors.pl); so does a message timeout that fails
-	 * part of a partition's queue.  librdkafka retries without end here,
-	 * and the relay withdraws a whole round after outbox.delivery_timeout.
-	 */
-	{"message.send.max.retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
-	{"retries", "The relay's ordering promise needs librdkafka to retry until the relay gives up on the round."},
-	{"message.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
-	{"delivery.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
-	{"log.queue", "The relay serves librdkafka logs from its own thread."},
-
-	/*
-	 * Properties that make the server process load or run code named in a
-	 * setting: a configuration mistake or a stolen superuser session should
-	 * not become a shared library in every backend (librdkafka loads
-	 * plugins as soon as the property is set, in the check hook).
-	 */
-	{"plugin.library.paths", "It loads shared libraries into the server."},
-	{"ssl.engine.location", "It loads a shared library into the server."},
-	{"ssl.providers", "It loads OpenSSL provider modules into the server; configure them in OpenSSL's own configuration file."},
-	{"sasl.kerberos.kinit.cmd", "It runs a shell command from the server; keep librdkafka's default kinit command."},
-};
-
-/*
- * Values of a property that are refused.  The relay always sends a
- * non-empty key (emit() refuses an empty one), so every other partitioner
- * maps a key to one partition: the *_random ones are random only for a
- * NULL key (consistent_random also for an empty one).
- */
-static const char *const refused_values[][3] = {
-	{"partitioner", "random", "Events of one aggregate must go to one partition: use a partitioner that hashes the key."},
-	{"queuing.strategy", "lifo", "The relay's ordering promise needs queuing.strategy fifo."},
-};
-
-/*
- * In the secrets file: a property emit() must see too (it is read from
- * outbox.kafka_config only, by every backend).
- */
-static const char *const not_secret_properties[][2] = {
-	{"message.max.bytes", "It belongs in outbox.kafka_config, where emit() reads it to check event sizes."},
-};
-
-static bool
-property_is_secret(const char *name)
-{
-	return strstr(name, "password") != NULL || strstr(name, "secret") != NULL ||
-		strstr(name, "key") != NULL || strstr(name, "token") != NULL ||
-		strstr(name, "jaas") != NULL;
-}
-
-/*
- * property_refusal
- *		Why outbox refuses this property and value, or NULL; *by_value
- *		tells whether only this value is refused.  librdkafka also accepts a
- *		topic property with a "topic." prefix, so the name is judged without
- *		it too; it reads some values (queuing.strategy) in any letter case.
- */
-static const char *
-property_refusal(const char *name, const char *value, bool from_secrets,
-				 bool *by_value)
-{
-	const char *bare = name;
-	int			i;
-
-	*by_value = false;
-	if (strncmp(bare, "topic.", 6) == 0)
-		bare += 6;
-	for (i = 0; i < lengthof(reserved_properties); i++)
-		if (strcmp(name, reserved_properties[i][0]) == 0 ||
-			strcmp(bare, reserved_properties[i][0]) == 0)
-			return reserved_properties[i][1];
-	for (i = 0; i < lengthof(refused_values); i++)
-		if ((strcmp(name, refused_values[i][0]) == 0 ||
-			 strcmp(bare, refused_values[i][0]) == 0) &&
-			pg_strcasecmp(value, refused_values[i][1]) == 0)
-		{
-			*by_value = true;
-			return refused_values[i][2];
-		}
-	if (from_secrets)
-		for (i = 0; i < lengthof(not_secret_properties); i++)
-			if (strcmp(name, not_secret_properties[i][0]) == 0 ||
-				strcmp(bare, not_secret_properties[i][0]) == 0)
-				return not_secret_properties[i][1];
-	return NULL;
-}
+static MemoryContext secrets_cxt = NULL;
+static char *secrets_text = NULL;
+static char *secrets_error = NULL;
 
 /*
  * apply_property
@@ -172,7 +78,7 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 			   const char *where, char **detail)
 {
 	bool		by_value;
-	const char *why = property_refusal(name, value, where != NULL, &by_value);
+	const char *why = OutboxKafkaPropertyRefusal(name, value, where != NULL, &by_value);
 	char		errstr[512];
 
 	if (why != NULL)
@@ -190,31 +96,12 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 	{
 		if (where != NULL)
 			*detail = psprintf("librdkafka rejects the property on %s.", where);
-		else if (property_is_secret(name))
+		else if (OutboxKafkaPropertyIsSecret(name))
 			*detail = psprintf("librdkafka rejects the value of property \"%s\".", name);
 		else
 			*detail = psprintf("librdkafka rejects property \"%s\": %s.", name, errstr);
 		return false;
 	}
-	return true;
-}
-
-/*
- * split_property
- *		Split "name = value" in place; false when there is no '='.
- */
-static bool
-split_property(char *item, char **name, char **value)
-{
-	char	   *eq = strchr(item, '=');
-
-	if (eq == NULL)
-		return false;
-	*eq = '\0';
-	*name = item;
-	*value = eq + 1;
-	while (eq > item && (eq[-1] == ' ' || eq[-1] == '\t'))
-		*--eq = '\0';
 	return true;
 }
 
@@ -245,13 +132,13 @@ apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
 		if (*item == '\0')
 			continue;
 		n++;
-		if (!split_property(item, &name, &value))
+		if (!OutboxKafkaSplitProperty(item, &name, &value))
 		{
 			if (from_secrets)
 				*detail = psprintf("Entry %d of outbox.kafka_secrets_file is not of the form key=value.", n);
 			else
 				*detail = psprintf("Entry \"%.64s\" is not of the form key=value.",
-								   property_is_secret(item) ? "(hidden)" : item);
+								   OutboxKafkaPropertyIsSecret(item) ? "(hidden)" : item);
 			return false;
 		}
 		if (!apply_property(conf, name, value,
@@ -300,96 +187,78 @@ OutboxKafkaMessageMaxBytes(const char *text)
 	return result;
 }
 
-/*
- * Per-record overhead librdkafka adds before comparing a message with
- * message.max.bytes (rd_kafka_msg_new0() in rdkafka_msg.c,
- * RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD in rdkafka_proto.h): the worst-case
- * varint sizes of Length (5), Attributes (1), TimestampDelta (10),
- * OffsetDelta (5), KeyLen (5), ValueLen (5), HeaderCnt (5).
- */
-#define LIBRDKAFKA_RECORD_OVERHEAD (5 + 1 + 10 + 5 + 5 + 5 + 5)
-
-/* bytes of a zig-zag varint of a non-negative n (rd_uvarint_enc_i64) */
-static size_t
-varint_size(size_t n)
-{
-	uint64		v = (uint64) n << 1;
-	size_t		bytes = 1;
-
-	while (v > 0x7f)
-	{
-		v >>= 7;
-		bytes++;
-	}
-	return bytes;
-}
-
-/* a header as librdkafka counts it (rd_kafka_header_add0 in rdkafka_header.c) */
-static size_t
-header_wire_size(const char *name, const char *value)
-{
-	size_t		nlen = strlen(name);
-	size_t		vlen = strlen(value);
-
-	return nlen + vlen + varint_size(nlen) + varint_size(vlen);
-}
-
-/*
- * relay_header_values
- *		The values of the relay's own headers for event, NULL for those it
- *		does not send.  num must hold two numbers (seq, schema_version).
- */
-static void
-relay_header_values(const OutboxEvent *event, const char **values, char num[2][32])
-{
-	values[OUTBOX_HEADER_ID] = event->event_id;
-	values[OUTBOX_HEADER_EVENT_TYPE] = event->event_type;
-	values[OUTBOX_HEADER_AGGREGATE_TYPE] = event->aggregate_type;
-	values[OUTBOX_HEADER_AGGREGATE_ID] = event->aggregate_id;
-	values[OUTBOX_HEADER_SEQ] = NULL;
-	if (event->has_seq)
-	{
-		snprintf(num[0], sizeof(num[0]), INT64_FORMAT, event->seq);
-		values[OUTBOX_HEADER_SEQ] = num[0];
-	}
-	snprintf(num[1], sizeof(num[1]), "%d", event->schema_version);
-	values[OUTBOX_HEADER_SCHEMA_VERSION] = num[1];
-	values[OUTBOX_HEADER_OCCURRED_AT] = event->occurred_at;
-	values[OUTBOX_HEADER_TRACEPARENT] = event->traceparent;
-	values[OUTBOX_HEADER_TENANT] = event->tenant;
-}
-
-/*
- * OutboxEventWireSize
- *		The size librdkafka compares with message.max.bytes when the relay
- *		produces event (OutboxProducerSend): overhead, key, value, and every
- *		header, the relay's and the caller's.  *headers_size gets the
- *		headers' share.
- */
-size_t
-OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
-{
-	const char *values[OUTBOX_NUM_HEADERS];
-	char		num[2][32];
-	size_t		hdrs = 0;
-	int			i;
-
-	relay_header_values(event, values, num);
-	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
-		if (values[i] != NULL)
-			hdrs += header_wire_size(OutboxHeaderNames[i], values[i]);
-	for (i = 0; i < event->nheaders; i++)
-		hdrs += header_wire_size(event->header_names[i], event->header_values[i]);
-	*headers_size = hdrs;
-	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
-		(size_t) event->payload_len + hdrs;
-}
-
 static void
 record_error(OutboxProducer *producer, const char *fmt, const char *a, const char *b)
 {
 	snprintf(producer->error, sizeof(producer->error), fmt, a, b);
 	producer->error_count++;
+}
+
+/*
+ * delivery_error_class
+ *		Design section 5: what a delivery error means for the event.
+ */
+static OutboxErrorClass
+delivery_error_class(int err)
+{
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR_NO_ERROR:
+			return OUTBOX_ERROR_NONE;
+
+			/* the event itself can never be written as it is */
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+			return OUTBOX_ERROR_PERMANENT;
+
+			/* the producer cannot go on; rebuild it */
+		case RD_KAFKA_RESP_ERR__FATAL:
+		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
+		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR__SSL:
+			return OUTBOX_ERROR_FATAL;
+
+		default:
+			/* timeouts, broker down, leader moves, throttling, purges */
+			return OUTBOX_ERROR_TRANSIENT;
+	}
+}
+
+/*
+ * record_outcome
+ *		Write a delivery outcome into event: err 0 is an acknowledgement;
+ *		any other error is classified here, with local telling whether
+ *		librdkafka refused the event itself at produce time.
+ */
+static void
+record_outcome(OutboxEvent *event, int err, bool local)
+{
+	TimestampTz now;
+
+	event->delivery_err = err;
+	if (err == 0)
+		return;
+	now = GetCurrentTimestamp();
+	event->last_err = err;
+	event->last_err_local = local;
+	event->last_class = delivery_error_class(err);
+	if (event->first_failed_at == 0)
+		event->first_failed_at = now;
+	event->last_failed_at = now;
 }
 
 /* Served by rd_kafka_poll in the relay's thread: records the outcome only. */
@@ -400,7 +269,7 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	OutboxEvent *event = (OutboxEvent *) msg->_private;
 
 	if (event != NULL)
-		event->delivery_err = (int) msg->err;
+		record_outcome(event, (int) msg->err, false);
 	producer->pending--;
 }
 
@@ -410,7 +279,7 @@ error_report(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	OutboxProducer *producer = (OutboxProducer *) opaque;
 
 	record_error(producer, "%s: %s", rd_kafka_err2name(err), reason);
-	if (OutboxDeliveryErrorClass(err) == OUTBOX_ERROR_FATAL)
+	if (delivery_error_class(err) == OUTBOX_ERROR_FATAL)
 		producer->fatal_count++;
 }
 
@@ -463,89 +332,28 @@ OutboxProducerBrokersUp(OutboxProducer *producer)
 	return producer->brokers_up;
 }
 
-#define SECRETS_FILE_MAX (64 * 1024)
-#define SECRETS_LINE_MAX 4096
+/* librdkafka judges one property of the secrets file (conf: its rd_kafka_conf_t) */
+static bool
+judge_secret(const char *name, const char *value, const char *where,
+			 char **errmsg, void *conf)
+{
+	return apply_property((rd_kafka_conf_t *) conf, name, value, where, errmsg);
+}
 
 /*
- * OutboxKafkaReadSecrets
- *		Read and judge the outbox.kafka_secrets_file: librdkafka properties,
- *		one key=value per line of at most SECRETS_LINE_MAX bytes, '#'
- *		starting a comment line.  Returns them as "k=v;k=v" (palloc'd), or
- *		NULL with *errmsg set.  Neither the result's users nor any message
- *		shows any part of a line: a message names the line by number.
+ * read_secrets
+ *		The secrets file at path, judged by outbox and librdkafka, as
+ *		"k=v;k=v" (palloc'd), or NULL with *errmsg set
+ *		(OutboxKafkaReadSecretsText).
  */
-char *
-OutboxKafkaReadSecrets(const char *path, char **errmsg)
+static char *
+read_secrets(const char *path, char **errmsg)
 {
-	FILE	   *f;
-	StringInfoData out;
-	rd_kafka_conf_t *conf;
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char	   *text = OutboxKafkaReadSecretsText(path, judge_secret, conf, errmsg);
 
-	/* room for a longest line, its \r\n and the terminator */
-	char		line[SECRETS_LINE_MAX + 3];
-	int			lineno = 0;
-
-	f = AllocateFile(path, "r");
-	if (f == NULL)
-	{
-		*errmsg = psprintf("Could not open \"%s\": %m.", path);
-		return NULL;
-	}
-	initStringInfo(&out);
-	conf = rd_kafka_conf_new();
-	while (fgets(line, sizeof(line), f) != NULL)
-	{
-		char	   *p = line;
-		char	   *item;
-		char	   *name;
-		char	   *value;
-		size_t		len;
-
-		lineno++;
-		len = strcspn(line, "\r\n");
-		if ((line[len] == '\0' && !feof(f)) || len > SECRETS_LINE_MAX)
-		{
-			*errmsg = psprintf("Line %d of \"%s\" is longer than %d bytes.",
-							   lineno, path, SECRETS_LINE_MAX);
-			goto fail;
-		}
-		line[len] = '\0';
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p == '\0' || *p == '#')
-			continue;
-		if (strchr(p, ';') != NULL)
-		{
-			*errmsg = psprintf("Line %d of \"%s\" contains \";\": write one property per line.",
-							   lineno, path);
-			goto fail;
-		}
-		if (out.len + strlen(p) > SECRETS_FILE_MAX)
-		{
-			*errmsg = psprintf("\"%s\" is larger than %d bytes.", path, SECRETS_FILE_MAX);
-			goto fail;
-		}
-		appendStringInfo(&out, "%s%s", out.len > 0 ? ";" : "", p);
-		item = pstrdup(p);
-		if (!split_property(item, &name, &value))
-		{
-			*errmsg = psprintf("Line %d of \"%s\" is not of the form key=value.",
-							   lineno, path);
-			goto fail;
-		}
-		if (!apply_property(conf, name, value,
-							psprintf("line %d of \"%s\"", lineno, path), errmsg))
-			goto fail;
-		pfree(item);
-	}
 	rd_kafka_conf_destroy(conf);
-	FreeFile(f);
-	return out.data;
-
-fail:
-	rd_kafka_conf_destroy(conf);
-	FreeFile(f);
-	return NULL;
+	return text;
 }
 
 /*
@@ -558,22 +366,57 @@ OutboxKafkaCheckSecretsFile(const char *path, char **detail)
 {
 	if (path == NULL || path[0] == '\0')
 		return true;
-	return OutboxKafkaReadSecrets(path, detail) != NULL;
+	return read_secrets(path, detail) != NULL;
 }
 
 /*
- * OutboxProducerCreate
- *		Build an idempotent producer for brokers with the extra properties
- *		conf, then secrets (the secrets file's, or NULL).  Returns NULL and
- *		a message in *errmsg on failure.  The result is malloc'd: it outlives
- *		memory contexts and is freed only by OutboxProducerDestroy.
+ * OutboxKafkaReadSecretsFile
+ *		Relay, at start and after each reload: read outbox.kafka_secrets_file
+ *		again into the memo the next OutboxProducerCreate uses.  The first
+ *		call makes the memo's context under parent; each call resets it, so
+ *		reloads do not add up.  A file that cannot be read is remembered as
+ *		such: no producer can be built until a reload fixes it.
  */
-OutboxProducer *
-OutboxProducerCreate(const char *brokers, const char *conftext,
-					 const char *secrets, char **errmsg)
+void
+OutboxKafkaReadSecretsFile(MemoryContext parent)
+{
+	MemoryContext old;
+
+	if (secrets_cxt == NULL)
+		secrets_cxt = AllocSetContextCreate(parent, "outbox secrets",
+											ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(secrets_cxt);
+	old = MemoryContextSwitchTo(secrets_cxt);
+	secrets_text = secrets_error = NULL;
+	if (outbox_kafka_secrets_file[0] != '\0')
+		secrets_text = read_secrets(outbox_kafka_secrets_file, &secrets_error);
+	if (secrets_text == NULL)
+		secrets_text = pstrdup("");
+	MemoryContextSwitchTo(old);
+}
+
+/* free a producer's own memory, what librdkafka does not own (NULL: none) */
+static void
+free_producer_memo(OutboxProducer *producer)
+{
+	if (producer == NULL)
+		return;
+	free(producer->built_brokers);
+	free(producer->built_config);
+	free(producer->built_secrets);
+	free(producer);
+}
+
+/*
+ * producer_conf
+ *		The configuration of a producer for the current settings: outbox's
+ *		defaults, outbox.kafka_brokers, outbox.kafka_config, then the secrets
+ *		file as last read.  NULL and a message in *errmsg when one is refused.
+ */
+static rd_kafka_conf_t *
+producer_conf(char **errmsg)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	OutboxProducer *producer;
 	char		errstr[512];
 	char	   *detail = NULL;
 	int			i;
@@ -595,36 +438,62 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1],
 							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 			elog(ERROR, "librdkafka refused default %s: %s", defaults[i][0], errstr);
-	if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers,
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", outbox_kafka_brokers,
 						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
 		return NULL;
 	}
-	if (!apply_config(conf, conftext, false, &detail) ||
-		(secrets != NULL && !apply_config(conf, secrets, true, &detail)))
+	if (!apply_config(conf, outbox_kafka_config, false, &detail) ||
+		!apply_config(conf, secrets_text, true, &detail))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = detail;
 		return NULL;
 	}
+	return conf;
+}
 
+/*
+ * OutboxProducerCreate
+ *		Relay: build an idempotent producer for the current settings and
+ *		the secrets file as OutboxKafkaReadSecretsFile last read it.
+ *		Returns NULL and a message in *errmsg (in the caller's memory
+ *		context) on failure.  The result is malloc'd: it outlives memory
+ *		contexts and is freed only by OutboxProducerDestroy.
+ */
+OutboxProducer *
+OutboxProducerCreate(char **errmsg)
+{
+	rd_kafka_conf_t *conf;
+	OutboxProducer *producer;
+	char		errstr[512];
+
+	if (secrets_error != NULL)
+	{
+		*errmsg = pstrdup(secrets_error);
+		return NULL;
+	}
+	if ((conf = producer_conf(errmsg)) == NULL)
+		return NULL;
 	producer = calloc(1, sizeof(OutboxProducer));
-	if (producer == NULL)
+	if (producer == NULL ||
+		(producer->built_brokers = strdup(outbox_kafka_brokers)) == NULL ||
+		(producer->built_config = strdup(outbox_kafka_config)) == NULL ||
+		(producer->built_secrets = strdup(secrets_text)) == NULL)
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = pstrdup("out of memory");
-		return NULL;
+		goto fail;
 	}
 	if (pipe(producer->pipefd) != 0 ||
 		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
 		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
 	{
 		rd_kafka_conf_destroy(conf);
-		free(producer);
 		*errmsg = psprintf("could not create a pipe: %m");
-		return NULL;
+		goto fail;
 	}
 
 	rd_kafka_conf_set_opaque(conf, producer);
@@ -641,9 +510,8 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		rd_kafka_conf_destroy(conf);
 		close(producer->pipefd[0]);
 		close(producer->pipefd[1]);
-		free(producer);
 		*errmsg = psprintf("could not create the Kafka producer: %s", errstr);
-		return NULL;
+		goto fail;
 	}
 	rd_kafka_set_log_queue(producer->rk, NULL);
 	{
@@ -653,6 +521,23 @@ OutboxProducerCreate(const char *brokers, const char *conftext,
 		rd_kafka_queue_destroy(mainq);
 	}
 	return producer;
+
+fail:
+	free_producer_memo(producer);
+	return NULL;
+}
+
+/*
+ * OutboxProducerOutdated
+ *		Whether outbox.kafka_brokers, outbox.kafka_config or the secrets file
+ *		(as last read) changed since the producer was built.
+ */
+bool
+OutboxProducerOutdated(const OutboxProducer *producer)
+{
+	return strcmp(producer->built_brokers, outbox_kafka_brokers) != 0 ||
+		strcmp(producer->built_config, outbox_kafka_config) != 0 ||
+		strcmp(producer->built_secrets, secrets_text) != 0;
 }
 
 /*
@@ -694,7 +579,7 @@ OutboxProducerDestroy(OutboxProducer *producer)
 	rd_kafka_destroy(producer->rk);
 	close(producer->pipefd[0]);
 	close(producer->pipefd[1]);
-	free(producer);
+	free_producer_memo(producer);
 }
 
 /*
@@ -752,12 +637,6 @@ know_topic(OutboxProducer *producer, const char *topic)
 			TimestampTzPlusMilliseconds(GetCurrentTimestamp(), TOPIC_METADATA_PAUSE_MS);
 }
 
-static rd_kafka_resp_err_t
-add_header(rd_kafka_headers_t *hdrs, const char *name, const char *value)
-{
-	return rd_kafka_header_add(hdrs, name, -1, value, -1);
-}
-
 /*
  * OutboxProducerSend
  *		Hand one event to librdkafka.  Its outcome arrives later in
@@ -778,16 +657,16 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		strcmp(rd_kafka_topic_name(producer->topics[producer->ntopics - 1]), event->topic) != 0)
 		know_topic(producer, event->topic);
 
-	relay_header_values(event, values, num);
+	OutboxEventHeaderValues(event, values, num);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
-			add_header(hdrs, OutboxHeaderNames[i], values[i]);
+			rd_kafka_header_add(hdrs, OutboxHeaderNames[i], -1, values[i], -1);
 	for (i = 0; i < event->nheaders; i++)
-		add_header(hdrs, event->header_names[i], event->header_values[i]);
+		rd_kafka_header_add(hdrs, event->header_names[i], -1,
+							event->header_values[i], -1);
 
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
-	event->delivery_local = false;
 	err = rd_kafka_producev(producer->rk,
 							RD_KAFKA_V_TOPIC(event->topic),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
@@ -800,8 +679,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	{
 		/* on failure the headers stay ours */
 		rd_kafka_headers_destroy(hdrs);
-		event->delivery_err = (int) err;
-		event->delivery_local = true;
+		record_outcome(event, (int) err, true);
 		return;
 	}
 	producer->pending++;
@@ -899,50 +777,6 @@ OutboxDeliveryErrorText(int err, bool local)
 			return text;
 		default:
 			return name;
-	}
-}
-
-/*
- * OutboxDeliveryErrorClass
- *		Design section 5: what a delivery error means for the event.
- */
-OutboxErrorClass
-OutboxDeliveryErrorClass(int err)
-{
-	switch ((rd_kafka_resp_err_t) err)
-	{
-		case RD_KAFKA_RESP_ERR_NO_ERROR:
-			return OUTBOX_ERROR_NONE;
-
-			/* the event itself can never be written as it is */
-		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
-		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
-		case RD_KAFKA_RESP_ERR__INVALID_ARG:
-		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
-		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
-		case RD_KAFKA_RESP_ERR_INVALID_MSG:
-		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
-		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
-			return OUTBOX_ERROR_PERMANENT;
-
-			/* the producer cannot go on; rebuild it */
-		case RD_KAFKA_RESP_ERR__FATAL:
-		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
-		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
-		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
-		case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
-		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
-		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
-		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
-		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
-		case RD_KAFKA_RESP_ERR__SSL:
-			return OUTBOX_ERROR_FATAL;
-
-		default:
-			/* timeouts, broker down, leader moves, throttling, purges */
-			return OUTBOX_ERROR_TRANSIENT;
 	}
 }
 

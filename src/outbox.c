@@ -24,46 +24,60 @@
 
 PG_MODULE_MAGIC;
 
+/* what emit() writes */
 char	   *outbox_topic_template = NULL;
 bool		outbox_aggregate_sequence = true;
 int			outbox_max_payload_bytes = OUTBOX_MAX_PAYLOAD_DEFAULT;
 char	   *outbox_traceparent = NULL;
 char	   *outbox_tenant = NULL;
+char	   *outbox_allowed_topics = NULL;
+
+/* Kafka */
 char	   *outbox_kafka_brokers = NULL;
 char	   *outbox_kafka_config = NULL;
 char	   *outbox_kafka_secrets_file = NULL;
 int			outbox_kafka_message_max_bytes = OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT;
-char	   *outbox_allowed_topics = NULL;
+
+/* how the relays read, wait and clean up */
 int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
 int			outbox_batch_max_bytes = OUTBOX_BATCH_MAX_BYTES_DEFAULT;
 int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
-int			outbox_retry_backoff_min = OUTBOX_BACKOFF_MIN_DEFAULT;
-int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
-int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
-int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
-int			outbox_delivery_timeout = OUTBOX_DELIVERY_TIMEOUT_DEFAULT;
 
+/* failures, and the values of outbox.poison_policy */
 static const struct config_enum_entry poison_policy_options[] = {
 	{"block", OUTBOX_POISON_BLOCK, false},
 	{"skip", OUTBOX_POISON_SKIP, false},
 	{NULL, 0, false}
 };
 
+int			outbox_retry_backoff_min = OUTBOX_BACKOFF_MIN_DEFAULT;
+int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
+int			outbox_delivery_timeout = OUTBOX_DELIVERY_TIMEOUT_DEFAULT;
+int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
+int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
+
 void		_PG_init(void);
+
+/* a check hook's body: valid judges the value, or says why not */
+static bool
+check_with(bool (*valid) (const char *value, char **bad), const char *value)
+{
+	char	   *bad = NULL;
+
+	if (valid(value, &bad))
+		return true;
+	GUC_check_errdetail("%s", bad);
+	return false;
+}
 
 static bool
 check_topic_template(char **newval, void **extra, GucSource source)
 {
-	char	   *bad = NULL;
-
-	if (OutboxTopicTemplateIsValid(*newval, &bad))
-		return true;
-	GUC_check_errdetail("%s", bad);
-	return false;
+	return check_with(OutboxTopicTemplateIsValid, *newval);
 }
 
 static bool
@@ -126,27 +140,19 @@ assign_kafka_config(const char *newval, void *extra)
 static bool
 check_allowed_topics(char **newval, void **extra, GucSource source)
 {
-	char	   *bad = NULL;
-
-	if (OutboxTopicPatternsAreValid(*newval, &bad))
-		return true;
-	GUC_check_errdetail("%s", bad);
-	return false;
+	return check_with(OutboxTopicPatternsAreValid, *newval);
 }
 
+/* the secrets file is read and judged by kafka.c, as the relay reads it */
 static bool
 check_kafka_secrets_file(char **newval, void **extra, GucSource source)
 {
-	char	   *detail = NULL;
-
-	if (OutboxKafkaCheckSecretsFile(*newval, &detail))
-		return true;
-	GUC_check_errdetail("%s", detail);
-	return false;
+	return check_with(OutboxKafkaCheckSecretsFile, *newval);
 }
 
-void
-_PG_init(void)
+/* the settings of emit(): what an event becomes when it is written */
+static void
+define_emit_settings(void)
 {
 	DefineCustomStringVariable("outbox.topic_template",
 							   "Topic of an event emitted without an explicit topic.",
@@ -189,6 +195,20 @@ _PG_init(void)
 							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
 							   NULL, NULL, NULL);
 
+	DefineCustomStringVariable("outbox.allowed_topics",
+							   "Topics emit() may write to: comma-separated patterns, * matching any run of characters.",
+							   "Empty allows every legal topic name.  EXECUTE on emit() is write access, "
+							   "with the relay's Kafka principal, to the topics this allows.",
+							   &outbox_allowed_topics,
+							   "",
+							   PGC_SUSET, GUC_LIST_INPUT,
+							   check_allowed_topics, NULL, NULL);
+}
+
+/* where the relays publish, and with which librdkafka properties */
+static void
+define_kafka_settings(void)
+{
 	DefineCustomStringVariable("outbox.kafka_brokers",
 							   "Kafka bootstrap servers the relays publish to (host:port,...).",
 							   "Empty means the relays stay idle.",
@@ -214,16 +234,12 @@ _PG_init(void)
 							   "",
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
 							   check_kafka_config, assign_kafka_config, NULL);
+}
 
-	DefineCustomStringVariable("outbox.allowed_topics",
-							   "Topics emit() may write to: comma-separated patterns, * matching any run of characters.",
-							   "Empty allows every legal topic name.  EXECUTE on emit() is write access, "
-							   "with the relay's Kafka principal, to the topics this allows.",
-							   &outbox_allowed_topics,
-							   "",
-							   PGC_SUSET, GUC_LIST_INPUT,
-							   check_allowed_topics, NULL, NULL);
-
+/* how the relays read, publish, retry and wait */
+static void
+define_relay_settings(void)
+{
 	DefineCustomIntVariable("outbox.batch_size",
 							"Events a relay reads and publishes per page.",
 							NULL,
@@ -266,6 +282,19 @@ _PG_init(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("outbox.retention",
+							"How long published events stay in outbox.events.",
+							"Older published events are deleted by the relay when it is idle.",
+							&outbox_retention,
+							OUTBOX_RETENTION_DEFAULT, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+}
+
+/* what the relays do when Kafka fails or refuses */
+static void
+define_failure_settings(void)
+{
 	DefineCustomIntVariable("outbox.retry_backoff_min",
 							"Shortest wait before a failed page is sent again.",
 							"Waits grow exponentially, with full jitter, up to outbox.retry_backoff_max.",
@@ -306,15 +335,15 @@ _PG_init(void)
 							 OUTBOX_POISON_BLOCK, poison_policy_options,
 							 PGC_SIGHUP, 0,
 							 NULL, NULL, NULL);
+}
 
-	DefineCustomIntVariable("outbox.retention",
-							"How long published events stay in outbox.events.",
-							"Older published events are deleted by the relay when it is idle.",
-							&outbox_retention,
-							OUTBOX_RETENTION_DEFAULT, 0, INT_MAX,
-							PGC_SIGHUP, GUC_UNIT_S,
-							NULL, NULL, NULL);
-
+void
+_PG_init(void)
+{
+	define_emit_settings();
+	define_kafka_settings();
+	define_relay_settings();
+	define_failure_settings();
 	OutboxEmitInit();
 
 	/* a PGC_POSTMASTER setting can only be defined while preloading */

@@ -246,16 +246,6 @@ extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);
 extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
 
-/* old per-page setters: removed when relay.c uses OutboxSlotReportRound */
-extern void OutboxSlotCountPage(OutboxSlot *slot);
-extern void OutboxSlotCountDelivered(OutboxSlot *slot, const OutboxDeliveryTally *tally);
-extern void OutboxSlotSetBacklog(OutboxSlot *slot, bool batch_opened, int64 remaining,
-								 TimestampTz oldest, int page_size);
-extern void OutboxSlotCountBatchDelivered(OutboxSlot *slot, int64 events);
-extern void OutboxSlotCountRetries(OutboxSlot *slot, int events);
-extern void OutboxSlotSetBrokersUp(OutboxSlot *slot, int up);
-extern void OutboxSlotCountFailure(OutboxSlot *slot, OutboxErrorClass c);
-
 /* handoff.c: the launcher's sign-on, probe requests and answers, prepared counts */
 #define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
 /* probe workers: does a database have the extension? */
@@ -285,8 +275,10 @@ typedef struct OutboxProducer OutboxProducer;
 
 /*
  * One event as the relay publishes it.  Strings are NUL-terminated and
- * owned by the relay's page memory context; delivery_err is written by the
- * delivery report (0: acknowledged).
+ * owned by the relay's page memory context.  kafka.c writes the outcome
+ * where it arrives (the delivery report, or librdkafka's refusal at produce
+ * time): delivery_err (0: acknowledged) and, for a failure, last_err,
+ * last_err_local, last_class and the failure times.
  */
 typedef struct OutboxEvent
 {
@@ -310,14 +302,13 @@ typedef struct OutboxEvent
 	char	  **header_values;
 	TimestampTz created_at;
 	int			delivery_err;
-	bool		delivery_local; /* delivery_err is librdkafka's own refusal at
-								 * produce time, not a delivery report's */
 
 	/* delivery state, kept by the relay while the page is in hand */
 	int			disposition;	/* OUTBOX_EVENT_* */
 	int			attempts;		/* permanent failures so far */
 	int			last_err;
-	bool		last_err_local; /* delivery_local of last_err */
+	bool		last_err_local; /* last_err is librdkafka's own refusal at
+								 * produce time, not a delivery report's */
 	OutboxErrorClass last_class;
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
@@ -332,14 +323,28 @@ typedef struct OutboxEvent
 #define OUTBOX_EVENT_QUARANTINED	2
 #define OUTBOX_EVENT_PARKED			3
 
+/* message.c */
+extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
+									char num[2][32]);
+extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
+
+/* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
+typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
+								  const char *where, char **detail, void *arg);
+extern bool OutboxKafkaPropertyIsSecret(const char *name);
+extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
+											  bool from_secrets, bool *by_value);
+extern bool OutboxKafkaSplitProperty(char *item, char **name, char **value);
+extern char *OutboxKafkaReadSecretsText(const char *path, OutboxKafkaJudge judge,
+										void *arg, char **errmsg);
+
+/* kafka.c */
 extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
 extern int	OutboxKafkaMessageMaxBytes(const char *conf);
-extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
-extern char *OutboxKafkaReadSecrets(const char *path, char **errmsg);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
-extern OutboxProducer *OutboxProducerCreate(const char *brokers,
-											const char *conf, const char *secrets,
-											char **errmsg);
+extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
+extern OutboxProducer *OutboxProducerCreate(char **errmsg);
+extern bool OutboxProducerOutdated(const OutboxProducer *producer);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
 extern int	OutboxProducerEventFd(OutboxProducer *producer);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
@@ -349,7 +354,6 @@ extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
-extern OutboxErrorClass OutboxDeliveryErrorClass(int err);
 extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);

@@ -1,0 +1,156 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.h
+ *		The relay's state, shared by the files of the relay only: relay.c
+ *		(the loop, its steps and its one wait), relay_round.c (rounds of a
+ *		page: send, settle, quarantine) and relay_page.c (the database
+ *		side: short transactions through store.c).
+ *
+ * Invariants: a relay process has one Relay, owned by relay.c and passed
+ * by pointer; no relay file keeps state of its own in file-level statics.
+ * Every memory context below is made at start-up under the relay's own
+ * context; after start-up nothing is allocated in TopMemoryContext (but
+ * the wait set from PostgreSQL 17 on: see relay.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_RELAY_H
+#define OUTBOX_RELAY_H
+
+#include "outbox.h"
+
+/*
+ * The steps of the loop (relay.c).  A page goes READ -> SEND -> AWAIT ->
+ * RECORD; AWAIT goes back to SEND while events of the page are pending
+ * (after a clean round, for held-back events), or to BACK_OFF and then
+ * SEND after a failed one.  No work: IDLE; disabled or no brokers: PAUSED.
+ */
+typedef enum RelayStep
+{
+	RELAY_STEP_READ,			/* choose work: a replay page or a batch page */
+	RELAY_STEP_SEND,			/* hand the page's pending events to Kafka */
+	RELAY_STEP_AWAIT,			/* wait for the round's delivery reports */
+	RELAY_STEP_RECORD,			/* a settled page: write its progress */
+	RELAY_STEP_BACK_OFF,		/* wait before trying again */
+	RELAY_STEP_IDLE,			/* nothing to publish: wait for a commit */
+	RELAY_STEP_PAUSED,			/* outbox.enabled off or no brokers */
+	RELAY_STEP_STOP				/* leave the loop: shutdown */
+} RelayStep;
+
+/*
+ * A page of events on its way: read, then sent in rounds until each event
+ * is delivered, quarantined or parked, then recorded.  Two batch pages take
+ * turns (the one in hand and the one read ahead); replay pages have their
+ * own.
+ */
+typedef struct RelayPage
+{
+	MemoryContext cxt;			/* the events; reset when the page is read */
+	OutboxEvent *events;
+	int			n;
+	bool		replay;			/* a page of the replay queue */
+	char	   *cur;			/* snapshot of the batch the page belongs to */
+	int64		last_id;		/* its last event id */
+	bool		done;			/* the last page of its batch */
+	int			rounds;			/* rounds sent so far */
+	int			sent;			/* events in the round under way */
+	int			retried;		/* of those, sent before */
+	bool		cut;			/* shutdown cut the round short */
+} RelayPage;
+
+typedef struct Relay
+{
+	OutboxSlot *slot;			/* opaque: only passed to shmem.c */
+	char	   *dbname;
+	MemoryContext cxt;			/* long-lived: batch strings, the contexts */
+	MemoryContext loop_cxt;		/* reset at each step of the loop */
+	RelayStep	step;
+	RelayStep	after_backoff;	/* where BACK_OFF goes when it ends */
+
+	/* pages */
+	RelayPage	pages[2];
+	RelayPage	replay_page;
+	RelayPage  *in_hand;		/* being sent, awaited or recorded */
+	RelayPage  *ahead;			/* read, not yet sent */
+	OutboxBatch batch;
+	bool		batch_open;
+
+	/* Kafka, and the one wait: latch, postmaster death, producer's fd */
+	OutboxProducer *producer;
+	WaitEventSet *wait_set;		/* rebuilt only when producer changes */
+	const char *fatal_reason;	/* a fatal delivery error: rebuild */
+	uint32		wait_idle;		/* wait events (compat.h) */
+	uint32		wait_acks;
+	uint32		wait_backoff;
+
+	/* the round under way (SEND to AWAIT) */
+	TimestampTz round_started;
+	TimestampTz round_give_up;	/* outbox.delivery_timeout */
+	TimestampTz last_stall_report;
+	bool		round_abandoned;	/* purged for shutdown */
+
+	/* waits and failures */
+	TimestampTz wait_until;		/* end of the IDLE/PAUSED/BACK_OFF wait */
+	TimestampTz stop_deadline;	/* shutdown asked: acks waited for until */
+	int			backoff_ms;		/* 0: not backing off */
+	TimestampTz last_error_log;
+	int			errors_since_log;
+	const char *logged_state;	/* state name last logged */
+
+	/* aggregates whose events wait behind a quarantined one */
+	List	   *blocked;		/* of OutboxBlocked, in blocked_cxt */
+	MemoryContext blocked_cxt;
+	bool		blocked_stale;
+
+	/* what the database side has to do */
+	bool		replays_due;
+	TimestampTz restore_waiting_since;	/* 0: no restored events wait */
+	TimestampTz next_cleanup;
+
+	/*
+	 * The cluster's transaction completion count (compat.h) read just
+	 * before the last look that found no new batch, and before the last
+	 * replay read that found the queue empty.  While it has not moved, no
+	 * transaction has ended since, so a new look would find the same
+	 * nothing: an idle relay's safety poll opens no transaction.
+	 */
+	uint64		batch_seen_completions;
+	bool		batch_seen_valid;
+	uint64		replay_seen_completions;
+	bool		replay_seen_valid;
+} Relay;
+
+/* a report that changes nothing until filled in (OutboxSlotReportRound) */
+static inline void
+OutboxRelayReportInit(OutboxRoundReport *report)
+{
+	memset(report, 0, sizeof(*report));
+	report->brokers_up = OUTBOX_BROKERS_UNCHANGED;
+}
+
+/* relay.c */
+extern void OutboxRelaySetState(Relay *r, OutboxRelayState state);
+extern void OutboxRelayNoteError(Relay *r, const char *what, const char *detail);
+extern void OutboxRelayReportError(Relay *r, const char *what, const char *detail);
+extern void OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report);
+
+/* relay_round.c */
+extern void OutboxRelayParkBlocked(Relay *r, RelayPage *pg);
+extern void OutboxRelaySendRound(Relay *r, RelayPage *pg);
+extern void OutboxRelayWatchRound(Relay *r, int pending);
+extern bool OutboxRelaySettleRound(Relay *r, RelayPage *pg);
+extern bool OutboxRelayPagePending(const RelayPage *pg);
+extern void OutboxRelayReloadBlocked(Relay *r);
+
+/* relay_page.c */
+extern void OutboxRelayBeginTxn(const char *activity);
+extern void OutboxRelayEndTxn(Relay *r);
+extern void OutboxRelayCheckExtension(Relay *r);
+extern bool OutboxRelayReadPage(Relay *r, RelayPage *pg);
+extern bool OutboxRelayReadReplays(Relay *r, RelayPage *pg);
+extern void OutboxRelayRecordPage(Relay *r, RelayPage *pg);
+extern void OutboxRelayAdoptRestored(Relay *r);
+extern void OutboxRelayCleanup(Relay *r);
+extern void OutboxRelayLoadProgress(Relay *r, Oid dboid);
+
+#endif							/* OUTBOX_RELAY_H */

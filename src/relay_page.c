@@ -1,0 +1,332 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_page.c
+ *		The relay's database side: read pages and replays, record settled
+ *		pages, adopt restored events, delete what is past retention.
+ *
+ * Invariants:
+ *	- Each of these runs in one short transaction of its own, through
+ *	  store.c, and none is open while the relay waits on the network.
+ *	  After each the relay is back in its loop memory context.
+ *	- The reader moves on at once (the batch in Relay); the progress row
+ *	  moves only when a page is settled, once per page
+ *	  (OutboxRelayRecordPage).
+ *	- A page holds at most outbox.batch_size events and
+ *	  outbox.batch_max_bytes of them, so the page in hand and the one read
+ *	  ahead together stay within twice that.
+ *	- Where the extension is looked for (reading a page, a check asked by
+ *	  DROP EXTENSION, start-up), its absence ends the relay with exit 0 and
+ *	  the launcher told not to restart it.
+ *
+ * No SQL text here (store.c), no librdkafka call (kafka.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/dbcommands.h"
+#include "pgstat.h"
+#include "storage/ipc.h"
+#include "tcop/tcopprot.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "relay.h"
+
+#define RELAY_CLEANUP_INTERVAL_MS 60000
+#define RELAY_CLEANUP_BATCH		10000
+#define RELAY_RESTORE_WAIT_MS	60000	/* restored events wait for their
+										 * progress row at most */
+
+/*
+ * OutboxRelayBeginTxn
+ *		Open a short transaction with a snapshot; activity is what
+ *		pg_stat_activity shows meanwhile.
+ */
+void
+OutboxRelayBeginTxn(const char *activity)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+}
+
+/*
+ * OutboxRelayEndTxn
+ *		Commit it, and return to the loop's memory context: committing
+ *		leaves TopMemoryContext current.
+ */
+void
+OutboxRelayEndTxn(Relay *r)
+{
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(r->loop_cxt);
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/* The extension is gone: nothing left to publish in this database. */
+static void
+exit_without_extension(Relay *r)
+{
+	ereport(LOG,
+			(errmsg("outbox relay for database \"%s\" stops: the extension is not installed",
+					r->dbname)));
+	OutboxSlotMarkNoExtension(r->slot);
+	proc_exit(0);
+}
+
+/* Exit, as exit_without_extension does, if the extension was dropped. */
+void
+OutboxRelayCheckExtension(Relay *r)
+{
+	OutboxRelayBeginTxn("checking the extension");
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension(r);
+	OutboxRelayEndTxn(r);
+}
+
+/*
+ * OutboxRelayLoadProgress
+ *		Start-up: the database's name and the relay's position, in the
+ *		relay's long-lived context.
+ */
+void
+OutboxRelayLoadProgress(Relay *r, Oid dboid)
+{
+	OutboxRelayBeginTxn("loading progress");
+	r->dbname = MemoryContextStrdup(r->cxt, get_database_name(dboid));
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension(r);
+	OutboxStoreLoadProgress(&r->batch, r->cxt);
+	OutboxRelayEndTxn(r);
+}
+
+/* status(): the backlog as the relay knows it now */
+static void
+report_backlog(Relay *r, bool opened, int64 remaining, TimestampTz oldest,
+			   int page_size, int pages)
+{
+	OutboxRoundReport report;
+
+	OutboxRelayReportInit(&report);
+	report.pages = pages;
+	report.set_backlog = true;
+	report.batch_opened = opened;
+	report.batch_remaining = remaining;
+	report.oldest_pending = oldest;
+	report.page_size = page_size;
+	OutboxSlotReportRound(r->slot, &report);
+}
+
+/*
+ * move_reader
+ *		The reader moves past pg, just read (cut: it ended at
+ *		outbox.batch_max_bytes); if pg is the last page of its batch, the
+ *		next batch starts where this one ends, whatever is acknowledged yet.
+ */
+static void
+move_reader(Relay *r, RelayPage *pg, bool cut)
+{
+	OutboxBatch *batch = &r->batch;
+
+	pg->done = (pg->n < outbox_batch_size && !cut) ||
+		pg->last_id >= batch->max_id;
+	batch->remaining -= pg->n;
+	if (!pg->done)
+	{
+		batch->last_id = pg->last_id;
+		return;
+	}
+	if (batch->prev != NULL)
+		pfree(batch->prev);
+	batch->prev = batch->cur;
+	batch->cur = NULL;
+	batch->last_id = 0;
+	r->batch_open = false;
+}
+
+/*
+ * OutboxRelayReadPage
+ *		Read the next page of the open batch (opening one if none is) into
+ *		pg.  The figures of status() follow: the backlog, and the oldest
+ *		pending event when pg is to be the page in hand.  Returns false when
+ *		there is nothing to read.
+ */
+bool
+OutboxRelayReadPage(Relay *r, RelayPage *pg)
+{
+	bool		opened = false;
+	bool		cut = false;
+
+	MemoryContextReset(pg->cxt);
+	pg->n = 0;
+	pg->replay = false;
+	pg->rounds = 0;
+
+	OutboxRelayBeginTxn("reading events");
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension(r);
+	if (r->blocked_stale)
+		OutboxRelayReloadBlocked(r);
+	if (!r->batch_open)
+	{
+		if (!OutboxStoreOpenBatch(&r->batch, r->cxt))
+		{
+			OutboxRelayEndTxn(r);
+			if (r->in_hand == NULL)
+				report_backlog(r, true, 0, 0, 0, 0);
+			return false;
+		}
+		r->batch_open = true;
+		opened = true;
+	}
+	pg->n = OutboxStoreReadPage(&r->batch, outbox_batch_size, outbox_batch_max_bytes,
+								&pg->events, pg->cxt, &cut);
+	OutboxRelayEndTxn(r);
+
+	report_backlog(r, opened, r->batch.remaining,
+				   pg->n > 0 && r->in_hand == NULL ? pg->events[0].created_at : -1,
+				   pg->n, 0);
+	pg->cur = MemoryContextStrdup(pg->cxt, r->batch.cur);
+	pg->last_id = pg->n > 0 ? pg->events[pg->n - 1].id : r->batch.last_id;
+	move_reader(r, pg, cut);
+	return true;
+}
+
+/*
+ * OutboxRelayReadReplays
+ *		Read a page of the replay queue into pg; false when it is empty.
+ */
+bool
+OutboxRelayReadReplays(Relay *r, RelayPage *pg)
+{
+	MemoryContextReset(pg->cxt);
+	pg->replay = true;
+	pg->rounds = 0;
+	OutboxRelayBeginTxn("reading replays");
+	pg->n = OutboxStoreReadReplays(outbox_batch_size, &pg->events, pg->cxt);
+	OutboxRelayEndTxn(r);
+	return pg->n > 0;
+}
+
+/* a settled replay page: finish its queue entries */
+static void
+record_replays(Relay *r, RelayPage *pg, int delivered)
+{
+	OutboxRoundReport report;
+
+	/* parked events it releases are read in the next round */
+	OutboxRelayBeginTxn("recording replays");
+	OutboxStoreFinishReplays(pg->events, pg->n);
+	OutboxRelayEndTxn(r);
+	/* read the settled dead letters in a transaction that sees them */
+	r->blocked_stale = true;
+	OutboxRelayReportInit(&report);
+	report.pages = 1;
+	OutboxSlotReportRound(r->slot, &report);
+	ereport(LOG,
+			(errmsg("outbox relay replayed %d of %d queued events", delivered, pg->n)));
+}
+
+/*
+ * OutboxRelayRecordPage
+ *		A settled page: record its quarantined and parked events and the
+ *		relay's progress, in one transaction.  Parked events whose head was
+ *		replayed or discarded meanwhile join the replay queue, which is
+ *		published before the next page.  A replay page finishes its queue
+ *		entries instead.
+ */
+void
+OutboxRelayRecordPage(Relay *r, RelayPage *pg)
+{
+	int			i;
+	int			delivered = 0;
+	bool		has_dead = false;
+
+	for (i = 0; i < pg->n; i++)
+	{
+		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
+			delivered++;
+		else
+			has_dead = true;
+	}
+	if (pg->replay)
+	{
+		record_replays(r, pg, delivered);
+		return;
+	}
+
+	OutboxRelayBeginTxn("recording progress");
+	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+		r->replays_due = true;
+	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
+	OutboxRelayEndTxn(r);
+	report_backlog(r, false, r->batch.remaining,
+				   r->ahead != NULL && r->ahead->n > 0 ? r->ahead->events[0].created_at : 0,
+				   0, 1);
+}
+
+/*
+ * OutboxRelayAdoptRestored
+ *		Publish what a restore brought in and had not delivered, once its
+ *		events and its progress row are both in (OutboxStoreAdoptRestored).
+ *		Restored events whose progress row has not come after
+ *		RELAY_RESTORE_WAIT_MS (a dump taken without it) are all published:
+ *		their delivery is unknown, so at least once wins.
+ */
+void
+OutboxRelayAdoptRestored(Relay *r)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		force;
+	int64		published;
+
+	force = r->restore_waiting_since != 0 &&
+		TimestampDifferenceExceeds(r->restore_waiting_since, now, RELAY_RESTORE_WAIT_MS);
+	OutboxRelayBeginTxn("adopting restored events");
+	published = OutboxStoreAdoptRestored(force);
+	OutboxRelayEndTxn(r);
+	if (published == -2)
+	{
+		if (r->restore_waiting_since == 0)
+			r->restore_waiting_since = now;
+		return;
+	}
+	r->restore_waiting_since = 0;
+	if (published >= 0)
+		ereport(LOG,
+				(errmsg("outbox relay for database \"%s\" adopted restored events",
+						r->dbname),
+				 errdetail("%lld events not delivered before the dump will be published; "
+						   "the events delivered before it are not sent again.",
+						   (long long) published)));
+}
+
+/*
+ * OutboxRelayCleanup
+ *		When idle, delete published events past outbox.retention, a bounded
+ *		batch at a time; a full batch means more may follow at the next idle
+ *		moment.
+ */
+void
+OutboxRelayCleanup(Relay *r)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		deleted;
+
+	if (now < r->next_cleanup)
+		return;
+	OutboxRelayBeginTxn("deleting events past retention");
+	deleted = OutboxStoreCleanup(RELAY_CLEANUP_BATCH);
+	OutboxRelayEndTxn(r);
+	r->next_cleanup = deleted >= RELAY_CLEANUP_BATCH ? now :
+		TimestampTzPlusMilliseconds(now, RELAY_CLEANUP_INTERVAL_MS);
+	if (deleted > 0)
+		ereport(DEBUG1,
+				(errmsg_internal("outbox relay deleted " INT64_FORMAT " events past retention", deleted)));
+}
