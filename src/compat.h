@@ -6,7 +6,7 @@
  *
  * Supported: PostgreSQL 15, 17 and 18 (16 builds too but Debian carries no
  * release of it, so it is not tested); librdkafka 2.0 and later (Debian
- * bookworm has 2.0.2, trixie 2.8.0).
+ * bookworm has 2.0.2, trixie 2.8.0, sid 2.14.2).
  *
  * Invariants:
  *	- this is the only file of the project that tests PG_VERSION_NUM,
@@ -135,9 +135,26 @@ OutboxXactCompletionCount(void)
  * Part 2: librdkafka
  * ========================================================================
  *
- * Nothing yet: every call outbox makes exists and behaves alike from 2.0.2
- * to 2.8.0.  A branch would test RD_KAFKA_VERSION (0xMMmmrrxx) here.
+ * Every call outbox makes exists and behaves alike from 2.0.2 on.  Versions
+ * are 0xMMmmrrxx, as RD_KAFKA_VERSION and rd_kafka_version() give them.
+ * Only kafka.c includes rdkafka.h, so only kafka.c expands these.
  */
+
+/* ---- 2.1 a known crash on topic errors --------------------------------
+ *
+ * OutboxRdkafkaCrashesOnTopicErrors(): whether the librdkafka loaded at run
+ * time is one that can crash in its own main thread on a metadata answer
+ * carrying a topic-level error together with the topic's partitions: it
+ * then updates leaders for partitions it has not set up (librdkafka issue
+ * 4907, fixed in 2.10.0).  Seen here with trixie's 2.8.0 against the test
+ * broker, which answers topic errors that way; a real Kafka 3.9 broker
+ * answers an unauthorized or unknown topic with no partitions, and 2.8.0
+ * took that without harm.  Bookworm's 2.0.2 and sid's 2.14.2 are not
+ * affected.  The relay warns once at start where this holds.
+ */
+#define OutboxRdkafkaCrashesOnTopicErrors() \
+	(rd_kafka_version() >= 0x02080000 && rd_kafka_version() < 0x020a0000)
+#define OutboxRdkafkaVersionText() rd_kafka_version_str()
 
 
 /* ========================================================================

@@ -37,6 +37,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 struct OutboxProducer
@@ -742,6 +743,17 @@ OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len)
 	return rd_kafka_fatal_error(producer->rk, buf, len) != RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
+/*
+ * OutboxKafkaKnownCrash
+ *		The loaded librdkafka's version when it is one known to crash on
+ *		some brokers' topic errors (compat.h, 2.1), else NULL.
+ */
+const char *
+OutboxKafkaKnownCrash(void)
+{
+	return OutboxRdkafkaCrashesOnTopicErrors() ? OutboxRdkafkaVersionText() : NULL;
+}
+
 const char *
 OutboxDeliveryErrorName(int err)
 {
@@ -778,21 +790,4 @@ OutboxDeliveryErrorText(int err, bool local)
 		default:
 			return name;
 	}
-}
-
-const char *
-OutboxErrorClassName(OutboxErrorClass c)
-{
-	switch (c)
-	{
-		case OUTBOX_ERROR_NONE:
-			return "none";
-		case OUTBOX_ERROR_TRANSIENT:
-			return "transient";
-		case OUTBOX_ERROR_PERMANENT:
-			return "permanent";
-		case OUTBOX_ERROR_FATAL:
-			return "fatal";
-	}
-	return "unknown";
 }

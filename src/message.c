@@ -2,7 +2,8 @@
  *
  * message.c
  *		The Kafka message an event becomes: the headers the relay writes,
- *		and the size librdkafka counts for it.
+ *		the size librdkafka counts for it, and the names of the error
+ *		classes its delivery can end in.
  *
  * Invariants:
  *	- The relay's headers are named here once, for the relay (kafka.c)
@@ -116,4 +117,26 @@ OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
 	*headers_size = hdrs;
 	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
 		(size_t) event->payload_len + hdrs;
+}
+
+/*
+ * OutboxErrorClassName
+ *		The name status(), metrics(), the dead letters and the log give an
+ *		error class.
+ */
+const char *
+OutboxErrorClassName(OutboxErrorClass c)
+{
+	switch (c)
+	{
+		case OUTBOX_ERROR_NONE:
+			return "none";
+		case OUTBOX_ERROR_TRANSIENT:
+			return "transient";
+		case OUTBOX_ERROR_PERMANENT:
+			return "permanent";
+		case OUTBOX_ERROR_FATAL:
+			return "fatal";
+	}
+	return "unknown";
 }

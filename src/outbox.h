@@ -354,6 +354,7 @@ extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
+extern const char *OutboxKafkaKnownCrash(void);
 extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);

@@ -684,6 +684,12 @@ relay_start(Relay *r, Oid dboid)
 	r->replays_due = true;
 	set_producer(r, NULL);
 	OutboxKafkaReadSecretsFile(r->cxt);
+	if (OutboxKafkaKnownCrash() != NULL)
+		ereport(WARNING,
+				(errmsg("librdkafka %s can crash the relay on a topic error in a metadata answer",
+						OutboxKafkaKnownCrash()),
+				 errdetail("librdkafka 2.8 and 2.9 mishandle a metadata answer that carries a topic error together with the topic's partitions; 2.10.0 fixed it."),
+				 errhint("Build outbox against librdkafka 2.10.0 or later.")));
 
 	MemoryContextSwitchTo(r->loop_cxt);
 	OutboxRelayLoadProgress(r, dboid);

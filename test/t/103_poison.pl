@@ -111,16 +111,31 @@ my ($e5) = emit([ 'big-1', 10 ]);
 # TOPIC_AUTHORIZATION_FAILED with the topic's partitions, which librdkafka
 # takes for leaderless partitions and waits on up to message.timeout.ms,
 # holding back every other aggregate meanwhile; an invalid topic it refuses
-# at once, as it does a real cluster's unauthorized one.)
-$kafka->command("topic-error $denied TOPIC_EXCEPTION");
-my ($d1) = emit([ 'deny-1', 10, $denied ]);
-ok(wait_for_state($d1, 'quarantined'), 'the event for the refused topic is quarantined');
-$dl = dead_letter($d1);
-is($dl->{attempts}, $max_attempts, "after $max_attempts attempts too");
-is($dl->{error_class}, 'permanent',
-	"its error class is permanent ($dl->{last_error})");
-my ($d2) = emit([ 'deny-1', 10, $denied ]);
-my ($d3) = emit([ 'deny-1', 10, $denied ]);
+# at once, as it does a real cluster's unauthorized one.)  Left out where
+# librdkafka crashes on the mock's form of that answer (see
+# mock_topic_errors_crash); 306 pins the refusal by a real broker.
+my $crashing = mock_topic_errors_crash();
+my $topic_drill = $crashing eq '';
+my ($d1, $d2, $d3);
+SKIP:
+{
+	skip "librdkafka $crashing crashes on the test broker's topic errors", 3
+	  unless $topic_drill;
+	$kafka->command("topic-error $denied TOPIC_EXCEPTION");
+	($d1) = emit([ 'deny-1', 10, $denied ]);
+	ok(wait_for_state($d1, 'quarantined'), 'the event for the refused topic is quarantined');
+	$dl = dead_letter($d1);
+	is($dl->{attempts}, $max_attempts, "after $max_attempts attempts too");
+	is($dl->{error_class}, 'permanent',
+		"its error class is permanent ($dl->{last_error})");
+	($d2) = emit([ 'deny-1', 10, $denied ]);
+	($d3) = emit([ 'deny-1', 10, $denied ]);
+}
+my @deny_parked = $topic_drill ? ([ $d2, 'deny-1' ], [ $d3, 'deny-1' ]) : ();
+is( slurp_file($node->logfile) =~ /WARNING:  librdkafka \S+ can crash the relay on a topic error/
+	? 'warned' : 'silent',
+	$topic_drill ? 'silent' : 'warned',
+	'the relay warns at start exactly where its librdkafka is known to crash so');
 
 # --- block, to be discarded
 my ($b1) = emit([ 'big-2', 20000 ]);
@@ -130,8 +145,8 @@ my ($b3) = emit([ 'big-2', 10 ]);
 
 ok( wait_for_state($_->[0], 'parked'),
 	"a later event of $_->[1], committed after the quarantine, is parked")
-  foreach [ $e4, 'big-1' ], [ $e5, 'big-1' ], [ $d2, 'deny-1' ],
-  [ $d3, 'deny-1' ], [ $b2, 'big-2' ], [ $b3, 'big-2' ];
+  foreach [ $e4, 'big-1' ], [ $e5, 'big-1' ], @deny_parked,
+  [ $b2, 'big-2' ], [ $b3, 'big-2' ];
 is( $node->safe_psql(
 		'postgres',
 		"SELECT string_agg(DISTINCT blocked_by::text, ',') FROM outbox.dead_letters"
@@ -139,10 +154,11 @@ is( $node->safe_psql(
 	$e2,
 	'each parked event names the quarantined head it waits for');
 my $status = relay_status($node, 'postgres');
-is($status->{quarantined}, 3, 'status counts 3 quarantined events');
-is($status->{parked}, 7, 'and 7 parked ones');
-cmp_ok($status->{permanent_failures}, '>=', 3 * $max_attempts,
-	"and at least 3 x $max_attempts permanent failures ($status->{permanent_failures})");
+my $heads = $topic_drill ? 3 : 2;
+is($status->{quarantined}, $heads, "status counts $heads quarantined events");
+is($status->{parked}, 3 + 2 * $heads - 2, 'and ' . (3 + 2 * $heads - 2) . ' parked ones');
+cmp_ok($status->{permanent_failures}, '>=', $heads * $max_attempts,
+	"and at least $heads x $max_attempts permanent failures ($status->{permanent_failures})");
 
 # Other aggregates flow meanwhile: every load event committed so far
 # arrives while the three heads are quarantined.
@@ -183,7 +199,7 @@ is( $node->safe_psql('postgres',
 	'nothing of it is parked');
 
 # --- fix the causes, then replay
-$kafka->command("topic-error $denied 0");
+$kafka->command("topic-error $denied 0") if $topic_drill;
 ok( set_and_reload(
 		$node, 'postgres', 'outbox.kafka_config',
 		$OutboxTest::TEST_KAFKA_CONFIG,
@@ -197,12 +213,17 @@ is( $node->safe_psql(
 	),
 	"$e2 quarantined,$e3 parked,$e4 parked,$e5 parked",
 	'replay() of the head queues it and its parked successors, in order');
-is( $node->safe_psql(
-		'postgres',
-		"SELECT string_agg(queued_event_id::text, ',' ORDER BY seq) FROM outbox.replay('$d1')"
-	),
-	"$d1,$d2,$d3",
-	'and so for the refused topic');
+SKIP:
+{
+	skip "librdkafka $crashing crashes on the test broker's topic errors", 1
+	  unless $topic_drill;
+	is( $node->safe_psql(
+			'postgres',
+			"SELECT string_agg(queued_event_id::text, ',' ORDER BY seq) FROM outbox.replay('$d1')"
+		),
+		"$d1,$d2,$d3",
+		'and so for the refused topic');
+}
 $node->safe_psql('postgres', "SELECT * FROM outbox.replay('$s1')");
 
 $msgs = wait_for_events($kafka, $DRILL_TOPIC, [ $e2, $e3, $e4, $e5, $s1 ], 30);
@@ -212,9 +233,15 @@ is_deeply([ map { $_->{headers}{id} } @{ of_aggregate($msgs, 'big-1') } ],
 );
 is_deeply([ map { $_->{headers}{seq} } @{ of_aggregate($msgs, 'big-1') } ],
 	[ 1 .. 5 ], 'their seq headers run 1..5');
-my $dmsgs = wait_for_events($kafka, $denied, [ $d1, $d2, $d3 ], 30);
-is_deeply([ map { $_->{headers}{id} } @$dmsgs ],
-	[ $d1, $d2, $d3 ], 'deny-1 arrives whole, in order, once each');
+my $dmsgs = [];
+SKIP:
+{
+	skip "librdkafka $crashing crashes on the test broker's topic errors", 1
+	  unless $topic_drill;
+	$dmsgs = wait_for_events($kafka, $denied, [ $d1, $d2, $d3 ], 30);
+	is_deeply([ map { $_->{headers}{id} } @$dmsgs ],
+		[ $d1, $d2, $d3 ], 'deny-1 arrives whole, in order, once each');
+}
 is_deeply([ map { $_->{headers}{id} } @{ of_aggregate($msgs, 'big-3') } ],
 	[ $s2, $s3, $s1 ], 'with skip, the replayed head comes after its successors');
 ok(poll_until($node, 'postgres',
@@ -238,11 +265,11 @@ is($fig->{duplicates}, 0, 'without duplicates');
 my %poison = map { $_ => 1 } ($e1, $e2, $e3, $e4, $e5, $b2, $b3, $s1, $s2, $s3);
 my $pfig = drill_figures(
 	[ grep { ($_->{headers}{aggregate_id} // '') !~ /^a-/ } @$msgs ], \%poison);
-my $dfig = drill_figures($dmsgs, { $d1 => 1, $d2 => 1, $d3 => 1 });
+my $dfig = drill_figures($dmsgs, $topic_drill ? { $d1 => 1, $d2 => 1, $d3 => 1 } : {});
 diag(sprintf(
 		'poison aggregates: events committed %d (1 discarded), delivered %d, duplicates %d, '
 		  . 'order violations %d (big-3 under skip: its head after its successors, by design)',
-		scalar(keys %poison) + 4, $pfig->{delivered} + $dfig->{delivered},
+		scalar(keys %poison) + ($topic_drill ? 4 : 1), $pfig->{delivered} + $dfig->{delivered},
 		$pfig->{duplicates} + $dfig->{duplicates},
 		$pfig->{order_violations} + $dfig->{order_violations}));
 ok(!event_ids_of($msgs)->{$b1}, 'the discarded head never reached Kafka');
