@@ -29,7 +29,7 @@
  *	  the jsonb value and the wire size reuses that length.
  *	- A transaction that emitted wakes its database's relay when it commits
  *	  (a latch in shared memory); an aborted or prepared one wakes nobody
- *	  (COMMIT PREPARED does, launcher.c).
+ *	  (COMMIT PREPARED does, utility.c).
  *
  *-------------------------------------------------------------------------
  */

@@ -21,9 +21,12 @@
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
  *	  page memory once every delivery report of the page has been served.
- *	- The only blocking librdkafka call, a new topic's metadata fetch, is
- *	  bounded (know_topic), and the relay checks for shutdown between two;
- *	  the topics a producer remembers are bounded too.
+ *	- While the relay works, the only blocking librdkafka call, a new
+ *	  topic's metadata fetch, is bounded (know_topic), and the relay checks
+ *	  for shutdown between two; the topics a producer remembers are bounded
+ *	  too.  rd_kafka_destroy (a rebuild, the exit) waits for librdkafka's
+ *	  threads to end; it comes after a purge, so it waits on no broker's
+ *	  answer, but librdkafka sets it no bound of its own.
  *
  *-------------------------------------------------------------------------
  */

@@ -116,7 +116,6 @@ extern bool OutboxTraceparentIsValid(const char *value);
 extern void OutboxEmitInit(void);
 
 /* topic.c: topic names, template and allowed patterns, for emit() */
-extern bool OutboxTopicNameIsLegal(const char *name, int len);
 extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
 extern bool OutboxTopicPatternsAreValid(const char *patterns, char **bad);
 extern char *OutboxTopicResolve(char *topic, const char *aggregate_type,

@@ -39,7 +39,9 @@
  *	  dropped), which relay_wait enforces; a round being handed to librdkafka stops
  *	  between two messages, the only blocking librdkafka call being bounded
  *	  (kafka.c).  So a stopping relay is gone within about
- *	  outbox.shutdown_timeout, whatever the brokers do.
+ *	  outbox.shutdown_timeout plus librdkafka's own teardown after a purge
+ *	  (rd_kafka_destroy, which sets itself no bound: kafka.c); with 2,000
+ *	  topics and the brokers down, a fast stop took 1.1 s (t/109).
  *	- Memory: the loop's context is reset at each step; pages, the blocked
  *	  list and the secrets memo (kafka.c) live in contexts of their own,
  *	  reset when they are replaced, so reloads and rebuilds do not make the

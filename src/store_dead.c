@@ -6,8 +6,10 @@
  *		hold back, and settling a replay page.
  *
  * Invariants:
- *	- Called inside a transaction the relay opened (the one that saves the
- *	  page); never starts, commits or aborts one.  Each function connects
+ *	- Called inside a transaction the relay opened (the one that saves a
+ *	  page or settles a replay page; the blocked list is read in the read
+ *	  transaction, replays are finished in their own); never starts,
+ *	  commits or aborts one.  Each function connects
  *	  to SPI and disconnects.
  *	- Event rows are only read.  Writes: outbox.dead_letters rows (inserted
  *	  or moved between states, each with a copy of its event's envelope)

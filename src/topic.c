@@ -43,13 +43,13 @@ is_topic_char(char c)
 }
 
 /*
- * OutboxTopicNameIsLegal
+ * topic_name_is_legal
  *		Whether Kafka accepts this topic name.
  *
  * Kafka allows 1..249 characters from [A-Za-z0-9._-], except "." and "..".
  */
-bool
-OutboxTopicNameIsLegal(const char *name, int len)
+static bool
+topic_name_is_legal(const char *name, int len)
 {
 	int			i;
 
@@ -281,7 +281,7 @@ OutboxTopicResolve(char *topic, const char *aggregate_type,
 	if (from_template)
 		topic = expand_topic_template(outbox_topic_template,
 									  aggregate_type, event_type);
-	if (!OutboxTopicNameIsLegal(topic, strlen(topic)))
+	if (!topic_name_is_legal(topic, strlen(topic)))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid Kafka topic name \"%s\"", topic),

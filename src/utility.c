@@ -31,7 +31,8 @@
  *	  abort and at PREPARE TRANSACTION: COMMIT PREPARED of a CREATE or
  *	  DROP EXTENSION outbox tells nobody.
  *	- Nothing here runs SQL: it reads the catalogs through their caches
- *	  and calls shmem.c.
+ *	  and calls shmem.c (holds, wake-ups) and handoff.c (probes, prepared
+ *	  counts).
  *
  *-------------------------------------------------------------------------
  */
