@@ -105,7 +105,10 @@ my $KCAT_FORMAT = '%p %o %K %S|%k|%s|%h\n';
 A started server with shared_preload_libraries = 'outbox', publishing to
 broker (an OutboxTest::Broker or a bootstrap string), polling every
 100 ms.  Params: allows_streaming, conf (more postgresql.conf lines),
-kafka_config (replaces the test librdkafka settings), start => 0.
+kafka_config (replaces the test librdkafka settings), start => 0.  Its
+databases are UTF8 with the C locale whatever the environment says (a
+fresh machine may have no locale set, and initdb would then pick
+SQL_ASCII).
 
 =cut
 
@@ -116,7 +119,9 @@ sub outbox_node
 	my $boot = ref $broker ? $broker->bootstrap : $broker;
 	my $kconf = $params{kafka_config} // $TEST_KAFKA_CONFIG;
 
-	$node->init(allows_streaming => $params{allows_streaming} // 0);
+	$node->init(
+		allows_streaming => $params{allows_streaming} // 0,
+		extra => [ '--encoding=UTF8', '--locale=C' ]);
 	$node->append_conf(
 		'postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
