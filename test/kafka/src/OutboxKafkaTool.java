@@ -20,6 +20,10 @@
  * This program shares no code with the relay: it is how tests check it.
  */
 
+import java.io.BufferedOutputStream;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.*;
@@ -231,6 +235,11 @@ public class OutboxKafkaTool
 	{
 		int rc;
 
+		/* UTF-8 out whatever the locale: with none set, Java prints '?' for
+		 * every character outside ASCII */
+		System.setOut(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.out)),
+									  false, StandardCharsets.UTF_8));
+
 		switch (args.length > 0 ? args[0] : "")
 		{
 			case "ready":
@@ -252,6 +261,7 @@ public class OutboxKafkaTool
 				System.err.println("usage: OutboxKafkaTool ready|read|leaders|partition ...");
 				rc = 2;
 		}
+		System.out.flush();
 		System.exit(rc);
 	}
 }
