@@ -33,7 +33,7 @@ CREATE TABLE outbox.inbox (
 COMMENT ON TABLE outbox.inbox IS
 	'The events each consumer has handled, for consume_once(); rows older than outbox.inbox_retention are deleted';
 COMMENT ON COLUMN outbox.inbox.consumer IS 'Who consumed the event: a name the consumer chooses, 1 to 200 characters';
-COMMENT ON COLUMN outbox.inbox.event_id IS 'The event''s id (the event_id header)';
+COMMENT ON COLUMN outbox.inbox.event_id IS 'The event''s id (its Kafka header id)';
 COMMENT ON COLUMN outbox.inbox.consumed_at IS 'When the consuming transaction ran consume_once()';
 /* the retention's deletes walk the oldest rows first */
 CREATE INDEX inbox_consumed_at_idx ON outbox.inbox (consumed_at);
