@@ -40,7 +40,7 @@
 #define OUTBOX_DELIVERY_TIMEOUT_DEFAULT 30000
 #define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
 #define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
-/* the inbox's dedupe window: below a minute it would forget a redelivery */
+/* the inbox's dedupe window: under a minute, duplicates still in flight would be consumed again */
 #define OUTBOX_INBOX_RETENTION_DEFAULT (30 * 24 * 3600)
 #define OUTBOX_INBOX_RETENTION_MIN	60
 
