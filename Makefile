@@ -17,11 +17,11 @@ PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress: emit() without preload, against a throwaway instance
-REGRESS = setup emit capture privileges settings replay sequence
+REGRESS = setup emit capture privileges settings replay sequence inbox
 REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims
-ISOLATION = aggregate_order
+ISOLATION = aggregate_order inbox_race
 ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 
 # TAP: the workers' life, read back through kcat

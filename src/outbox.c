@@ -46,6 +46,7 @@ bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
+int			outbox_inbox_retention = OUTBOX_INBOX_RETENTION_DEFAULT;
 
 /* failures, and the values of outbox.poison_policy */
 static const struct config_enum_entry poison_policy_options[] = {
@@ -287,6 +288,14 @@ define_relay_settings(void)
 							"Older published events are deleted by the relay when it is idle.",
 							&outbox_retention,
 							OUTBOX_RETENTION_DEFAULT, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.inbox_retention",
+							"How long outbox.inbox remembers a consumed event.",
+							"Older rows are deleted by the relay when it is idle; a duplicate arriving after that is consumed again.",
+							&outbox_inbox_retention,
+							OUTBOX_INBOX_RETENTION_DEFAULT, OUTBOX_INBOX_RETENTION_MIN, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 }

@@ -40,6 +40,9 @@
 #define OUTBOX_DELIVERY_TIMEOUT_DEFAULT 30000
 #define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
 #define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
+/* the inbox's dedupe window: under a minute, duplicates still in flight would be consumed again */
+#define OUTBOX_INBOX_RETENTION_DEFAULT (30 * 24 * 3600)
+#define OUTBOX_INBOX_RETENTION_MIN	60
 
 #define OUTBOX_TOPIC_MAX_LEN		249
 
@@ -109,6 +112,7 @@ extern int	outbox_retry_backoff_max;
 extern int	outbox_max_attempts;
 extern int	outbox_poison_policy;
 extern int	outbox_retention;
+extern int	outbox_inbox_retention;
 extern int	outbox_delivery_timeout;
 
 /* emit.c */
@@ -391,6 +395,7 @@ extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
 extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
 extern int64 OutboxStoreCleanup(int max_events);
+extern int64 OutboxStoreInboxCleanup(int max_rows);
 
 /* an aggregate whose events wait behind a quarantined one */
 typedef struct OutboxBlocked

@@ -309,24 +309,31 @@ OutboxRelayAdoptRestored(Relay *r)
 
 /*
  * OutboxRelayCleanup
- *		When idle, delete published events past outbox.retention, a bounded
- *		batch at a time; a full batch means more may follow at the next idle
- *		moment.
+ *		When idle, delete published events past outbox.retention and inbox
+ *		rows past outbox.inbox_retention, a bounded batch of each at a time;
+ *		a full batch means more may follow at the next idle moment.
  */
 void
 OutboxRelayCleanup(Relay *r)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int64		deleted;
+	int64		forgotten;
 
 	if (now < r->next_cleanup)
 		return;
-	OutboxRelayBeginTxn("deleting events past retention");
+	/* one transaction for both: an idle relay costs no more than before */
+	OutboxRelayBeginTxn("deleting events and inbox rows past retention");
 	deleted = OutboxStoreCleanup(RELAY_CLEANUP_BATCH);
+	forgotten = OutboxStoreInboxCleanup(RELAY_CLEANUP_BATCH);
 	OutboxRelayEndTxn(r);
-	r->next_cleanup = deleted >= RELAY_CLEANUP_BATCH ? now :
+	r->next_cleanup =
+		deleted >= RELAY_CLEANUP_BATCH || forgotten >= RELAY_CLEANUP_BATCH ? now :
 		TimestampTzPlusMilliseconds(now, RELAY_CLEANUP_INTERVAL_MS);
 	if (deleted > 0)
 		ereport(DEBUG1,
 				(errmsg_internal("outbox relay deleted " INT64_FORMAT " events past retention", deleted)));
+	if (forgotten > 0)
+		ereport(DEBUG1,
+				(errmsg_internal("outbox relay deleted " INT64_FORMAT " inbox rows past retention", forgotten)));
 }

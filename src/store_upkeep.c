@@ -2,7 +2,8 @@
  *
  * store_upkeep.c
  *		The relay's SQL that keeps the log: deleting published events past
- *		the retention, and adopting the events a restore brought in.
+ *		the retention and inbox rows past the inbox's, and adopting the
+ *		events a restore brought in.
  *
  * Invariants:
  *	- Called inside a transaction the relay opened; never starts, commits
@@ -17,7 +18,9 @@
  *	  restore stamped it, in every snapshot: delivered.  Then
  *	  outbox.restored_events and the restored progress rows are deleted;
  *	  the relay's own progress row ('default') is never touched here.
- *	- Works on a 1.0 database too, which has no outbox.restored_events.
+ *	- Inbox rows are deleted only through outbox.inbox_cleanup().
+ *	- Works on a 1.0 database too, which has no outbox.restored_events,
+ *	  and on a 1.2 one, which has no outbox.inbox.
  *
  *-------------------------------------------------------------------------
  */
@@ -150,6 +153,60 @@ OutboxStoreCleanup(int max_events)
 							   1, types, values, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not clean up: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return deleted;
+}
+
+/*
+ * OutboxStoreInboxCleanup
+ *		Delete up to max_rows inbox rows older than outbox.inbox_retention;
+ *		returns how many went.
+ */
+int64
+OutboxStoreInboxCleanup(int max_rows)
+{
+	HeapTuple	tup;
+	Datum		values[1];
+	Oid			types[1] = {INT4OID};
+	bool		isnull;
+	int64		deleted = 0;
+	int			rc;
+
+	SPI_connect();
+	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.inbox') IS NOT NULL",
+						 "look for the inbox");
+	if (!DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		/* a database before 1.3 on this library */
+		SPI_finish();
+		return 0;
+	}
+
+	/*
+	 * One probe of inbox_consumed_at_idx: an idle relay with nothing to
+	 * delete does not run inbox_cleanup()'s query every minute.
+	 */
+	values[0] = Int32GetDatum(outbox_inbox_retention);
+	rc = SPI_execute_with_args("SELECT i.consumed_at OPERATOR(pg_catalog.<)"
+							   " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
+							   " FROM outbox.inbox i ORDER BY i.consumed_at LIMIT 1",
+							   1, types, values, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not look for expired inbox rows: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0 ||
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		SPI_finish();
+		return 0;
+	}
+
+	values[0] = Int32GetDatum(max_rows);
+	rc = SPI_execute_with_args("SELECT outbox.inbox_cleanup($1)",
+							   1, types, values, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not clean up the inbox: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 1)
 		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_finish();

@@ -25,7 +25,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE shop');
 $node->safe_psql('shop', 'CREATE EXTENSION outbox');
 ok(defined(wait_for_relay($node, 'shop', 10)), 'shop has a relay');
 
-# the README's grants: a monitoring role and a writer role
+# the README's grants: a monitoring role, a writer role and a consumer role
 $node->safe_psql(
 	'shop', q{
 CREATE ROLE monitoring LOGIN;
@@ -38,6 +38,10 @@ GRANT USAGE ON SCHEMA outbox TO writer;
 GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) TO writer;
 CREATE SCHEMA trap_monitoring AUTHORIZATION monitoring;
 CREATE SCHEMA trap_writer AUTHORIZATION writer;
+CREATE ROLE consumer LOGIN;
+GRANT USAGE ON SCHEMA outbox TO consumer;
+GRANT EXECUTE ON FUNCTION outbox.consume_once(text, uuid) TO consumer;
+CREATE SCHEMA trap_consumer AUTHORIZATION consumer;
 });
 
 # Operators shadowing the built-in ones a query could resolve through the
@@ -92,6 +96,7 @@ VALUES (outbox.uuid_v7(), 1, 'order', 'o-9', 'order.confirmed', 'outbox.event.or
 
 plant_traps('monitoring');
 plant_traps('writer');
+plant_traps('consumer');
 
 sub is_superuser
 {
@@ -107,7 +112,8 @@ my @calls = (
 	[
 		'writer', 'outbox.emit()',
 		"SELECT outbox.emit('order', 'o-1', 'order.confirmed', '{\"total\": 1}') IS NOT NULL"
-	]);
+	],
+	[ 'consumer', 'outbox.consume_once()', "SELECT outbox.consume_once('billing', gen_random_uuid())" ]);
 
 for my $call (@calls)
 {
