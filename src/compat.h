@@ -79,6 +79,40 @@ OutboxWaitEvent(uint32 *cache, const char *name)
 	pg_database_ownercheck((dboid), (roleid))
 #endif
 
+/* ---- 1.3b The CREATEDB privilege -------------------------------------
+ *
+ * OutboxHaveCreatedbPrivilege(): whether the current user may create
+ * databases (a superuser, or a role with CREATEDB), as CREATE DATABASE
+ * decides.  dbcommands.c exports have_createdb_privilege() from 16 on; 15
+ * kept it static until a late minor release (15.20 exports it, 15.18,
+ * Debian bookworm's main suite, does not), so up to 15 the role's flag is
+ * read here from its catalog row.
+ */
+#if PG_VERSION_NUM >= 160000
+#include "commands/dbcommands.h"
+#define OutboxHaveCreatedbPrivilege() have_createdb_privilege()
+#else
+#include "access/htup_details.h"
+#include "catalog/pg_authid.h"
+#include "miscadmin.h"
+#include "utils/syscache.h"
+static inline bool
+OutboxHaveCreatedbPrivilege(void)
+{
+	HeapTuple	tuple;
+	bool		result;
+
+	if (superuser())
+		return true;
+	tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	result = ((Form_pg_authid) GETSTRUCT(tuple))->rolcreatedb;
+	ReleaseSysCache(tuple);
+	return result;
+}
+#endif
+
 /* ---- 1.4 Memory of a GUC check hook's "extra" ---------------------------
  *
  * guc.c frees extra with free() up to 15 and with pfree() (in its own

@@ -32,8 +32,6 @@
  */
 #include "postgres.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -46,7 +44,6 @@
 struct OutboxProducer
 {
 	rd_kafka_t *rk;
-	int			pipefd[2];		/* librdkafka writes when events arrive */
 	int			pending;		/* produced, delivery report not yet served */
 	char		error[256];		/* last error/log line worth reporting */
 	int			error_count;	/* errors since the relay last took one */
@@ -462,13 +459,15 @@ producer_conf(char **errmsg)
 /*
  * OutboxProducerCreate
  *		Relay: build an idempotent producer for the current settings and
- *		the secrets file as OutboxKafkaReadSecretsFile last read it.
+ *		the secrets file as OutboxKafkaReadSecretsFile last read it.  It
+ *		writes a byte to event_fd (non-blocking) whenever it has something
+ *		for OutboxProducerServe; the caller waits on the other end.
  *		Returns NULL and a message in *errmsg (in the caller's memory
  *		context) on failure.  The result is malloc'd: it outlives memory
  *		contexts and is freed only by OutboxProducerDestroy.
  */
 OutboxProducer *
-OutboxProducerCreate(char **errmsg)
+OutboxProducerCreate(int event_fd, char **errmsg)
 {
 	rd_kafka_conf_t *conf;
 	OutboxProducer *producer;
@@ -491,15 +490,6 @@ OutboxProducerCreate(char **errmsg)
 		*errmsg = pstrdup("out of memory");
 		goto fail;
 	}
-	if (pipe(producer->pipefd) != 0 ||
-		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
-	{
-		rd_kafka_conf_destroy(conf);
-		*errmsg = psprintf("could not create a pipe: %m");
-		goto fail;
-	}
-
 	rd_kafka_conf_set_opaque(conf, producer);
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
 	rd_kafka_conf_set_error_cb(conf, error_report);
@@ -512,8 +502,6 @@ OutboxProducerCreate(char **errmsg)
 	{
 		/* rd_kafka_new destroys conf only on success */
 		rd_kafka_conf_destroy(conf);
-		close(producer->pipefd[0]);
-		close(producer->pipefd[1]);
 		*errmsg = psprintf("could not create the Kafka producer: %s", errstr);
 		goto fail;
 	}
@@ -521,7 +509,7 @@ OutboxProducerCreate(char **errmsg)
 	{
 		rd_kafka_queue_t *mainq = rd_kafka_queue_get_main(producer->rk);
 
-		rd_kafka_queue_io_event_enable(mainq, producer->pipefd[1], "1", 1);
+		rd_kafka_queue_io_event_enable(mainq, event_fd, "1", 1);
 		rd_kafka_queue_destroy(mainq);
 	}
 	return producer;
@@ -581,20 +569,7 @@ OutboxProducerDestroy(OutboxProducer *producer)
 	forget_topics(producer);
 	free(producer->topics);
 	rd_kafka_destroy(producer->rk);
-	close(producer->pipefd[0]);
-	close(producer->pipefd[1]);
 	free_producer_memo(producer);
-}
-
-/*
- * OutboxProducerEventFd
- *		A descriptor that turns readable when librdkafka has something for
- *		OutboxProducerServe; the relay waits on it with its latch.
- */
-int
-OutboxProducerEventFd(OutboxProducer *producer)
-{
-	return producer->pipefd[0];
 }
 
 /*
@@ -697,10 +672,6 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 int
 OutboxProducerServe(OutboxProducer *producer)
 {
-	char		drain[64];
-
-	while (read(producer->pipefd[0], drain, sizeof(drain)) > 0)
-		;
 	rd_kafka_poll(producer->rk, 0);
 	return producer->pending;
 }

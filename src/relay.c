@@ -26,8 +26,8 @@
  *	  events and outbox.batch_max_bytes bytes.
  *	- The relay waits in one place, relay_wait, on one WaitEventSet kept
  *	  for its life: its latch (set at commit by emitting backends, and by
- *	  signals), postmaster death, and the producer's event descriptor; the
- *	  set is rebuilt only when the producer changes.  relay_wait also
+ *	  signals), postmaster death, and the relay's event pipe, which every
+ *	  producer it builds writes to.  relay_wait also empties the pipe and
  *	  serves the producer when its descriptor wakes it, and is where a
  *	  reload (SIGHUP) is processed.  The safety poll outbox.poll_interval
  *	  only catches what woke nobody.
@@ -46,7 +46,7 @@
  *	  list and the secrets memo (kafka.c) live in contexts of their own,
  *	  reset when they are replaced, so reloads and rebuilds do not make the
  *	  relay grow; nothing is allocated in TopMemoryContext after start-up
- *	  (from PostgreSQL 17 on, the wait set is, but freed when replaced).
+ *	  (the wait set, which PostgreSQL 17 on puts there, is made once).
  *	- It exits 0 only when told to stop (SIGTERM), when its database has no
  *	  outbox extension (at start, when reading a page, or when DROP
  *	  EXTENSION asks it to look: the launcher is told not to restart it),
@@ -59,6 +59,9 @@
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -204,23 +207,15 @@ report_producer(Relay *r)
 
 /*
  * set_producer
- *		Replace the relay's producer (NULL: none), and its wait set with one
- *		that waits on the new producer's descriptor.
+ *		Replace the relay's producer (NULL: none).  The wait set stays: every
+ *		producer writes to the relay's one event pipe.
  */
 static void
 set_producer(Relay *r, OutboxProducer *producer)
 {
-	if (r->wait_set != NULL)
-		FreeWaitEventSet(r->wait_set);
 	if (r->producer != NULL)
 		OutboxProducerDestroy(r->producer);
 	r->producer = producer;
-	r->wait_set = OutboxCreateWaitEventSet(r->cxt, 3);
-	AddWaitEventToSet(r->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-	AddWaitEventToSet(r->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	if (producer != NULL)
-		AddWaitEventToSet(r->wait_set, WL_SOCKET_READABLE,
-						  OutboxProducerEventFd(producer), NULL, NULL);
 }
 
 /*
@@ -254,7 +249,7 @@ ensure_producer(Relay *r)
 	r->fatal_reason = NULL;
 
 	/* what building leaves behind is in the loop's context */
-	producer = OutboxProducerCreate(&message);
+	producer = OutboxProducerCreate(r->event_pipe[1], &message);
 	if (producer == NULL)
 	{
 		OutboxRelayReportError(r, "could not create the Kafka producer", message);
@@ -314,7 +309,14 @@ relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
 			wake |= RELAY_WAKE_LATCH;
 		}
 		if (events[i].events & WL_SOCKET_READABLE)
+		{
+			char		drain[64];
+
+			/* also what a producer destroyed since wrote */
+			while (read(r->event_pipe[0], drain, sizeof(drain)) > 0)
+				;
 			wake |= RELAY_WAKE_PRODUCER;
+		}
 	}
 	CHECK_FOR_INTERRUPTS();
 
@@ -684,7 +686,16 @@ relay_start(Relay *r, Oid dboid)
 										   ALLOCSET_SMALL_SIZES);
 	r->blocked_stale = true;
 	r->replays_due = true;
-	set_producer(r, NULL);
+	if (pipe(r->event_pipe) != 0 ||
+		fcntl(r->event_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(r->event_pipe[1], F_SETFL, O_NONBLOCK) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not create the relay's event pipe: %m")));
+	r->wait_set = OutboxCreateWaitEventSet(r->cxt, 3);
+	AddWaitEventToSet(r->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(r->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	AddWaitEventToSet(r->wait_set, WL_SOCKET_READABLE, r->event_pipe[0], NULL, NULL);
 	OutboxKafkaReadSecretsFile(r->cxt);
 	if (OutboxKafkaKnownCrash() != NULL)
 		ereport(WARNING,

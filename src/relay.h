@@ -9,8 +9,8 @@
  * Invariants: a relay process has one Relay, owned by relay.c and passed
  * by pointer; no relay file keeps state of its own in file-level statics.
  * Every memory context below is made at start-up under the relay's own
- * context; after start-up nothing is allocated in TopMemoryContext (but
- * the wait set from PostgreSQL 17 on: see relay.c).
+ * context; after start-up nothing is allocated in TopMemoryContext (the
+ * wait set, there from PostgreSQL 17 on, is made at start-up: relay.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -77,7 +77,8 @@ typedef struct Relay
 
 	/* Kafka, and the one wait: latch, postmaster death, producer's fd */
 	OutboxProducer *producer;
-	WaitEventSet *wait_set;		/* rebuilt only when producer changes */
+	WaitEventSet *wait_set;		/* made at start-up, kept for life */
+	int			event_pipe[2];	/* every producer writes to [1] when it has news */
 	const char *fatal_reason;	/* a fatal delivery error: rebuild */
 	uint32		wait_idle;		/* wait events (compat.h) */
 	uint32		wait_acks;

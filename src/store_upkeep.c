@@ -114,6 +114,39 @@ OutboxStoreAdoptRestored(bool force)
 }
 
 /*
+ * cleanup_if_due
+ *		Inside SPI: run probe_sql, which tells from one index probe, with
+ *		$1 the retention in seconds, whether its oldest row is past it, and
+ *		only then run_sql, with $1 = max, which returns how many rows it
+ *		deleted.  An idle relay with nothing to delete so runs no cleanup
+ *		query, only the probe, every minute.
+ */
+static int64
+cleanup_if_due(const char *probe_sql, int retention, const char *run_sql,
+			   int max, const char *what)
+{
+	Datum		values[1];
+	Oid			types[1] = {INT4OID};
+	bool		isnull;
+	int			rc;
+
+	values[0] = Int32GetDatum(retention);
+	rc = SPI_execute_with_args(probe_sql, 1, types, values, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not look for expired %s: %s", what, SPI_result_code_string(rc));
+	if (SPI_processed == 0 ||
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		return 0;
+	values[0] = Int32GetDatum(max);
+	rc = SPI_execute_with_args(run_sql, 1, types, values, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not clean up %s: %s", what, SPI_result_code_string(rc));
+	if (SPI_processed != 1)
+		return 0;
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
  * OutboxStoreCleanup
  *		Delete up to max_events published events older than the retention;
  *		returns how many went.
@@ -121,11 +154,7 @@ OutboxStoreAdoptRestored(bool force)
 int64
 OutboxStoreCleanup(int max_events)
 {
-	Datum		values[1];
-	Oid			types[1] = {INT4OID};
-	bool		isnull;
-	int64		deleted = 0;
-	int			rc;
+	int64		deleted;
 
 	SPI_connect();
 
@@ -134,27 +163,12 @@ OutboxStoreCleanup(int max_events)
 	 * the retention there is nothing to delete, and one index probe saves
 	 * cleanup() a scan of the whole log.
 	 */
-	values[0] = Int32GetDatum(outbox_retention);
-	rc = SPI_execute_with_args("SELECT e.created_at OPERATOR(pg_catalog.<)"
-							   " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
-							   " FROM outbox.events e ORDER BY e.id LIMIT 1",
-							   1, types, values, NULL, true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look for expired events: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
-	{
-		SPI_finish();
-		return 0;
-	}
-
-	values[0] = Int32GetDatum(max_events);
-	rc = SPI_execute_with_args("SELECT events FROM outbox.cleanup(false, $1)",
-							   1, types, values, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not clean up: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 1)
-		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	deleted = cleanup_if_due("SELECT e.created_at OPERATOR(pg_catalog.<)"
+							 " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
+							 " FROM outbox.events e ORDER BY e.id LIMIT 1",
+							 outbox_retention,
+							 "SELECT events FROM outbox.cleanup(false, $1)",
+							 max_events, "events");
 	SPI_finish();
 	return deleted;
 }
@@ -168,47 +182,20 @@ int64
 OutboxStoreInboxCleanup(int max_rows)
 {
 	HeapTuple	tup;
-	Datum		values[1];
-	Oid			types[1] = {INT4OID};
 	bool		isnull;
 	int64		deleted = 0;
-	int			rc;
 
 	SPI_connect();
 	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.inbox') IS NOT NULL",
 						 "look for the inbox");
-	if (!DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
-	{
-		/* a database before 1.3 on this library */
-		SPI_finish();
-		return 0;
-	}
-
-	/*
-	 * One probe of inbox_consumed_at_idx: an idle relay with nothing to
-	 * delete does not run inbox_cleanup()'s query every minute.
-	 */
-	values[0] = Int32GetDatum(outbox_inbox_retention);
-	rc = SPI_execute_with_args("SELECT i.consumed_at OPERATOR(pg_catalog.<)"
-							   " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
-							   " FROM outbox.inbox i ORDER BY i.consumed_at LIMIT 1",
-							   1, types, values, NULL, true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look for expired inbox rows: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
-	{
-		SPI_finish();
-		return 0;
-	}
-
-	values[0] = Int32GetDatum(max_rows);
-	rc = SPI_execute_with_args("SELECT outbox.inbox_cleanup($1)",
-							   1, types, values, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not clean up the inbox: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 1)
-		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	/* a database before 1.3 on this library has no inbox */
+	if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
+		deleted = cleanup_if_due("SELECT i.consumed_at OPERATOR(pg_catalog.<)"
+								 " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
+								 " FROM outbox.inbox i ORDER BY i.consumed_at LIMIT 1",
+								 outbox_inbox_retention,
+								 "SELECT outbox.inbox_cleanup($1)",
+								 max_rows, "inbox rows");
 	SPI_finish();
 	return deleted;
 }

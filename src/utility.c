@@ -171,7 +171,7 @@ database_to_hold(Node *node, ProcessUtilityContext context)
 
 				dboid = other_database(stmt->subname);
 				/* RENAME may run in a transaction block */
-				if (owns_database(dboid) && have_createdb_privilege() &&
+				if (owns_database(dboid) && OutboxHaveCreatedbPrivilege() &&
 					!OidIsValid(get_database_oid(stmt->newname, true)))
 					return dboid;
 			}
@@ -188,7 +188,7 @@ database_to_hold(Node *node, ProcessUtilityContext context)
 			if (has_option(((CreatedbStmt *) node)->options, "template", &template))
 			{
 				dboid = other_database(template);
-				if (runs_outside_block(context) && have_createdb_privilege() &&
+				if (runs_outside_block(context) && OutboxHaveCreatedbPrivilege() &&
 					!OidIsValid(get_database_oid(((CreatedbStmt *) node)->dbname, true)) &&
 					may_copy_database(dboid))
 					return dboid;
