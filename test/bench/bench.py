@@ -19,6 +19,12 @@ it is compared with:
   opentx      relay CPU per safety poll while a transaction holding 300,000
               uncommitted events stays open, vs none open
   held xmin   drain rate while another session holds a transaction open
+  debezium    (only when asked: --sections=debezium) the relay against
+              Debezium Server's outbox EventRouter on the same server
+              (wal_level = logical), the same 3-broker Apache Kafka
+              cluster (test/kafka/apache) and the same Java consumer
+              (test/debezium/): emit cost, drain, latency, idle, kill -9,
+              a transaction held open, message compatibility
 """
 
 import json
@@ -70,7 +76,7 @@ def run_pg(args, **kw):
 
 
 class Server:
-    def __init__(self, brokers):
+    def __init__(self, brokers, logical=False):
         self.dir = tempfile.mkdtemp(prefix="outbox-bench.")
         os.chown(self.dir, PG.pw_uid, PG.pw_gid)
         self.port = int(os.environ.get("OUTBOX_BENCH_PORT", "5497"))
@@ -91,6 +97,9 @@ outbox.kafka_brokers = '{brokers}'
 outbox.kafka_config = 'reconnect.backoff.max.ms=500'
 outbox.enabled = off
 """)
+            if logical:
+                # Debezium connects over TCP and reads the WAL through a slot
+                f.write("listen_addresses = '127.0.0.1'\nwal_level = logical\n")
         run_pg([f"{BINDIR}/pg_ctl", "-D", self.data, "-l",
                 os.path.join(self.dir, "server.log"), "-w", "start"])
         run_pg([f"{BINDIR}/createdb", "-h", self.dir, "-p", str(self.port), "-U", "postgres", "bench"])
@@ -551,9 +560,438 @@ def bench_held_xmin(conn):
         f"{held / free:.2f}")
 
 
+# ---------------------------------------------------------------- debezium
+
+DBZ_TOOL = os.path.join(ROOT, "test/debezium/debezium")
+APACHE_TOOL = os.path.join(ROOT, "test/kafka/apache")
+DBZ_BACKLOG = 20_000 if SMOKE else 200_000 if QUICK else 1_000_000
+DBZ_KILL_BACKLOG = max(20_000, DBZ_BACKLOG // 5)
+DBZ_HELD_BACKLOG = HELD_BACKLOG
+COMPAT_EVENTS = 2_000 if SMOKE else 10_000
+# Debezium's outbox table, the shape its documentation prescribes
+DBZ_TABLE = """
+    CREATE SCHEMA dbz;
+    CREATE TABLE dbz.outbox (
+        id            uuid PRIMARY KEY,
+        aggregatetype varchar(255) NOT NULL,
+        aggregateid   varchar(255) NOT NULL,
+        type          varchar(255) NOT NULL,
+        payload       jsonb
+    );
+"""
+
+
+def tool(*args, timeout=300):
+    return subprocess.run([DBZ_TOOL, "consumer", *args], check=True, capture_output=True,
+                          text=True, timeout=timeout).stdout
+
+
+class Watch:
+    """Messages written to a topic from now on, as (epoch s, count) steps."""
+
+    def __init__(self, boot, topic, target, secs):
+        self.steps = []
+        self.proc = subprocess.Popen([DBZ_TOOL, "consumer", "watch", boot, topic, str(target), str(secs)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.first = self.proc.stdout.readline()   # "T 0": the start is known
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            ms, n = line.split()
+            self.steps.append((int(ms) / 1000, int(n)))
+
+    def count(self):
+        return self.steps[-1][1] if self.steps else 0
+
+    def wait_count(self, n, timeout):
+        end = time.time() + timeout
+        while self.count() < n and time.time() < end:
+            time.sleep(0.01)
+        return self.count() >= n
+
+    def finish(self, timeout):
+        self.proc.wait(timeout)
+        self.thread.join(5)
+
+    def rate(self, n):
+        """events/s from the first message to the n-th; and the first's time"""
+        t_first = next(t for t, c in self.steps if c > 0)
+        t_last = next(t for t, c in self.steps if c >= n)
+        return n / max(t_last - t_first, 1e-3), t_first
+
+    def resumed_after(self, t_kill):
+        """the end of the longest pause in writes within 120 s after t_kill
+        (acknowledgements in flight can still land just after the kill)"""
+        ts = [t_kill] + [t for t, c in self.steps if t_kill < t < t_kill + 120]
+        if len(ts) < 2:
+            return float("nan")
+        return max(zip(ts, ts[1:]), key=lambda p: p[1] - p[0])[1]
+
+
+class Debezium:
+    def __init__(self, server, boot):
+        self.dir = tempfile.mkdtemp(prefix="outbox-debezium.")
+        self.server, self.boot, self.pid = server, boot, None
+
+    def start(self):
+        out = subprocess.run([DBZ_TOOL, "start", self.dir, str(self.server.port), "bench", "dbz.outbox",
+                              self.boot], check=True, capture_output=True, text=True).stdout
+        self.pid = int(out.split()[-1])
+        return time.time()
+
+    def wait_streaming(self, conn, timeout=120):
+        end = time.time() + timeout
+        while time.time() < end:
+            if q(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'debezium' AND active"):
+                return
+            if self.pid and not os.path.exists(f"/proc/{self.pid}"):
+                log = open(os.path.join(self.dir, "debezium.out")).read()[-1500:]
+                log += "".join(re.findall(r'"level":"ERROR","message":"[^"]*', open(os.path.join(self.dir, "debezium.log")).read())[-3:])
+                raise RuntimeError(f"Debezium exited: {log}")
+            time.sleep(0.2)
+        raise RuntimeError("Debezium did not start streaming")
+
+    def stop(self):
+        subprocess.run([DBZ_TOOL, "stop", self.dir], check=True)
+        self.pid = None
+
+    def kill(self):
+        os.kill(self.pid, signal.SIGKILL)
+        t = time.time()
+        subprocess.run([DBZ_TOOL, "kill", self.dir], check=True)
+        self.pid = None
+        return t
+
+    def cleanup(self):
+        if self.pid:
+            self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def dbz_backlog(conn, n, agg_type):
+    """n rows in Debezium's table, in transactions of 50,000, the payload of
+    make_backlog()"""
+    done = 0
+    while done < n:
+        k = min(50_000, n - done)
+        q(conn, """INSERT INTO dbz.outbox (id, aggregatetype, aggregateid, type, payload)
+                   SELECT gen_random_uuid(), %s, (g %% %s)::text, 'account.updated',
+                          jsonb_build_object('account', g %% %s, 'status', 'updated', 'amount', g, 'pad', %s)
+                     FROM generate_series(%s, %s) g""",
+          agg_type, AGGREGATES, AGGREGATES, PAD, done, done + k - 1)
+        done += k
+
+
+def settle(boot, topic, n, timeout=600):
+    """the topic's message count once it has reached n and stopped growing"""
+    last, end = -1, time.time() + timeout
+    while time.time() < end:
+        c = int(tool("count", boot, topic))
+        if c >= n and c == last:
+            return c
+        last = c
+        time.sleep(2)
+    return last
+
+
+def relay_catch_up(conn):
+    set_conf(conn, "outbox.enabled", "on")
+    wait_published(conn, q1(conn, "SELECT count(*) FROM outbox.events"))
+
+
+def ms3(lat):
+    return f"{pct(lat, 50):.1f}/{pct(lat, 95):.1f}/{pct(lat, 99):.1f}"
+
+
+def dbz_latency(boot, topic, load, secs):
+    proc = subprocess.Popen([DBZ_TOOL, "consumer", "latency", boot, topic, str(secs + 6)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while "ready" not in proc.stderr.readline():
+        if proc.poll() is not None:
+            raise RuntimeError("latency consumer failed")
+    time.sleep(1)
+    load()
+    out, _ = proc.communicate(timeout=secs + 60)
+    return sorted(float(x) for x in out.split())
+
+
+def bench_debezium(server, conn):
+    kdir = tempfile.mkdtemp(prefix="outbox-apache.")
+    boot = subprocess.run([APACHE_TOOL, "up", kdir, "3"], check=True, capture_output=True,
+                          text=True).stdout.strip().splitlines()[-1]
+    mock = q1(conn, "SHOW outbox.kafka_brokers")
+    dbz = Debezium(server, boot)
+    S = "debezium"
+    try:
+        set_conf(conn, "outbox.kafka_brokers", boot)
+        q(conn, DBZ_TABLE)
+        tool("topics", boot, "3", *[f"outbox.event.{t}" for t in
+             ("rdrain", "ddrain", "rtick", "dtick", "rkill", "dkill", "rheld", "dheld",
+              "dprobe", "daccount", "compat")])
+        print(f"  (Apache Kafka 3.9.1, 3 brokers: {boot}; Debezium Server 2.7.3.Final)", flush=True)
+        dbz.start()
+        dbz.wait_streaming(conn)
+        w = Watch(boot, "outbox.event.dprobe", 1, 120)
+        q(conn, "INSERT INTO dbz.outbox VALUES (gen_random_uuid(), 'dprobe', '1', 'probe', '{}')")
+        w.finish(130)
+        dbz.stop()
+        set_conf(conn, "outbox.enabled", "off")
+
+        # -- emit cost: both publishers stopped, wal_level = logical
+        q(conn, """CREATE SCHEMA IF NOT EXISTS b;
+                   CREATE TABLE b.accounts (id int PRIMARY KEY, version bigint NOT NULL DEFAULT 0, filler text);
+                   INSERT INTO b.accounts SELECT g, 0, repeat('x', 100) FROM generate_series(1, 10000) g""")
+        q(conn, "VACUUM ANALYZE b.accounts")
+        payload = json.dumps({"account": 1, "status": "updated", "amount": 12345, "pad": PAD})
+        upd = "\\set aid random(1, 10000)\nBEGIN;\nUPDATE b.accounts SET version = version + 1 WHERE id = :aid;\n"
+        scripts = {
+            "emit": upd + f"SELECT outbox.emit('account', :aid::text, 'account.updated', '{payload}');\nEND;\n",
+            "insert": upd + "INSERT INTO dbz.outbox (id, aggregatetype, aggregateid, type, payload) VALUES "
+                      f"(gen_random_uuid(), 'daccount', :aid::text, 'account.updated', '{payload}');\nEND;\n"}
+        counts = {"emit": "SELECT count(*) FROM outbox.events", "insert": "SELECT count(*) FROM dbz.outbox"}
+        res = {k: [] for k in scripts}
+        for k in ("insert", "emit", "emit", "insert"):
+            n0, lsn0 = q1(conn, counts[k]), q1(conn, "SELECT pg_current_wal_lsn()")
+            tps, _, p99 = pgbench(server, scripts[k], EMIT_SECS, 8)
+            wal = q1(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", lsn0)
+            res[k].append((tps, p99, float(wal) / max(1, q1(conn, counts[k]) - n0)))
+        mean = {k: [sum(x[i] for x in v) / len(v) for i in range(3)] for k, v in res.items()}
+        (etps, ep99, ewal), (itps, ip99, iwal) = mean["emit"], mean["insert"]
+        row(S, "Debezium: UPDATE + INSERT into its outbox table TPS", fmt(itps), "tps", "",
+            f"p99 {ip99:.2f} ms; mean of 2 runs of {EMIT_SECS} s, 8 clients, publishers stopped")
+        row(S, "outbox vs Debezium: emit TPS (UPDATE + emit())", fmt(etps), "tps", f"{etps / itps:.2f}",
+            f"p99 {ep99:.2f} ms vs {ip99:.2f} ms ({ep99 / ip99:.2f})")
+        row(S, "outbox vs Debezium: WAL bytes per event", fmt(ewal), "bytes", f"{ewal / iwal:.2f}",
+            f"{iwal:,.0f} for Debezium's INSERT; each with its UPDATE")
+        q(conn, "DROP SCHEMA b CASCADE")
+        relay_catch_up(conn)
+        set_conf(conn, "outbox.enabled", "off")
+        n = q1(conn, "SELECT count(*) FROM dbz.outbox WHERE aggregatetype = 'daccount'")
+        w = Watch(boot, "outbox.event.daccount", n, 600)
+        dbz.start()
+        w.finish(700)
+
+        # -- drain
+        dbz.stop()
+        make_backlog(conn, DBZ_BACKLOG, "rdrain")
+        q(conn, "VACUUM ANALYZE outbox.events")
+        w = Watch(boot, "outbox.event.rdrain", DBZ_BACKLOG, 1800)
+        t0 = time.time()
+        set_conf(conn, "outbox.enabled", "on")
+        w.finish(1900)
+        ours, t_first = w.rate(DBZ_BACKLOG)
+        set_conf(conn, "outbox.enabled", "off")
+        dbz_backlog(conn, DBZ_BACKLOG, "ddrain")
+        w = Watch(boot, "outbox.event.ddrain", DBZ_BACKLOG, 3600)
+        d0 = dbz.start()
+        w.finish(3700)
+        theirs, d_first = w.rate(DBZ_BACKLOG)
+        row(S, f"Debezium drain, {DBZ_BACKLOG:,} events into Apache Kafka", fmt(theirs), "ev/s", "",
+            f"first to last message; its first came {d_first - d0:.1f} s after the start")
+        row(S, "outbox vs Debezium: drain", fmt(ours), "ev/s", f"{ours / theirs:.2f}",
+            f"relay's first message {t_first - t0:.2f} s after enabling")
+        # the relay's own figure on the mock cluster, same backlog, same run
+        set_conf(conn, "outbox.kafka_brokers", mock)
+        make_backlog(conn, DBZ_BACKLOG, "mdrain")
+        q(conn, "VACUUM ANALYZE outbox.events")
+        mrate = drain_outbox(conn, DBZ_BACKLOG)
+        set_conf(conn, "outbox.kafka_brokers", boot)
+        row(S, f"outbox drain, Apache Kafka vs mock cluster", fmt(ours), "ev/s", f"{ours / mrate:.2f}",
+            f"mock cluster: {mrate:,.0f} ev/s (enable to last acknowledgement)")
+
+        # -- latency, the same consumer for both; one publisher at a time
+        dbz.stop()
+        q(conn, "VACUUM ANALYZE outbox.events")
+        q(conn, "VACUUM ANALYZE dbz.outbox")
+        half = max(int(min(ours, theirs) / 2), 100)
+        per_txn = max(1, half // 1000)
+        tstamp = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+        r_tick = ("SELECT outbox.emit('rtick', (:client_id * 100000 + (random() * 10000)::int)::text, 'tick', "
+                  f"jsonb_build_object('t', {tstamp}, 'pad', '{PAD}')) FROM generate_series(1, :n);\n")
+        d_tick = ("INSERT INTO dbz.outbox (id, aggregatetype, aggregateid, type, payload) "
+                  "SELECT gen_random_uuid(), 'dtick', (random() * 10000)::int::text, 'tick', "
+                  f"jsonb_build_object('t', {tstamp}, 'pad', '{PAD}') FROM generate_series(1, :n);\n")
+        for label, rate, k in (("100 ev/s", 100, 1),
+                               (f"{half:,} ev/s (half the slower drain)", half // per_txn, per_txn)):
+            set_conf(conn, "outbox.enabled", "on")
+            time.sleep(2)
+            # 3 s of the same load first: a fresh JVM (and relay) warms up
+            pgbench(server, f"\\set n {k}\n" + r_tick, 3, 4, rate=rate)
+            mine = dbz_latency(boot, "outbox.event.rtick",
+                               lambda: pgbench(server, f"\\set n {k}\n" + r_tick, LAT_SECS, 4, rate=rate),
+                               LAT_SECS)
+            set_conf(conn, "outbox.enabled", "off")
+            dbz.start()
+            dbz.wait_streaming(conn)
+            time.sleep(3)
+            pgbench(server, f"\\set n {k}\n" + d_tick, 3, 4, rate=rate)
+            other = dbz_latency(boot, "outbox.event.dtick",
+                                lambda: pgbench(server, f"\\set n {k}\n" + d_tick, LAT_SECS, 4, rate=rate),
+                                LAT_SECS)
+            dbz.stop()
+            row(S, f"Debezium p50/p95/p99 at {label}", ms3(other), "ms", "",
+                f"{len(other)} events in {LAT_SECS} s")
+            row(S, f"outbox vs Debezium: p50 latency at {label}", ms3(mine), "ms",
+                f"{pct(mine, 50) / pct(other, 50):.2f}", f"{len(mine)} events; ratio of p50")
+
+        # -- idle: each publisher alone over the same idle time
+        set_conf(conn, "outbox.enabled", "on")
+        set_conf(conn, "autovacuum", "off")
+        time.sleep(5)
+        hz = os.sysconf("SC_CLK_TCK")
+
+        def idle(pid):
+            q(conn, "CHECKPOINT")
+            lsn0, c0 = q1(conn, "SELECT pg_current_wal_lsn()"), cpu_ticks(pid)
+            time.sleep(IDLE_SECS)
+            return ((cpu_ticks(pid) - c0) * 1000 / hz,
+                    q1(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", lsn0))
+        r_cpu, r_wal = idle(relay_pid(conn))
+        set_conf(conn, "outbox.enabled", "off")
+        dbz.start()
+        dbz.wait_streaming(conn)
+        time.sleep(10)
+        d_cpu, d_wal = idle(dbz.pid)
+        set_conf(conn, "autovacuum", "on")
+        row(S, f"Debezium CPU over {IDLE_SECS} s idle (the JVM)", f"{d_cpu:.0f}", "ms", "",
+            f"WAL written meanwhile {d_wal:,.0f} bytes")
+        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s)", f"{r_cpu:.0f}", "ms",
+            f"{r_cpu / d_cpu:.3f}" if d_cpu else "", f"WAL written meanwhile {r_wal:,.0f} bytes")
+
+        # -- kill -9 mid-drain; Debezium is started again at once, the relay
+        # by the postmaster (its death is a crash restart of the server)
+        dbz.stop()
+        n = DBZ_KILL_BACKLOG
+        make_backlog(conn, n, "rkill")
+        w = Watch(boot, "outbox.event.rkill", n, 1800)
+        set_conf(conn, "outbox.enabled", "on")
+        w.wait_count(n // 2, 1800)
+        t_kill = time.time()
+        os.kill(relay_pid(conn), signal.SIGKILL)
+        w.finish(1900)
+        r_resume = w.resumed_after(t_kill) - t_kill
+        time.sleep(3)
+        for _ in range(100):
+            try:
+                conn = server.connect()
+                q(conn, "SELECT 1")
+                break
+            except psycopg2.Error:
+                time.sleep(0.2)
+        r_resent = settle(boot, "outbox.event.rkill", n) - n
+        set_conf(conn, "outbox.enabled", "off")
+        dbz_backlog(conn, n, "dkill")
+        w = Watch(boot, "outbox.event.dkill", n, 1800)
+        dbz.start()
+        w.wait_count(n // 2, 1800)
+        t_kill = dbz.kill()
+        dbz.start()
+        w.finish(1900)
+        d_resume = w.resumed_after(t_kill) - t_kill
+        d_resent = settle(boot, "outbox.event.dkill", n) - n
+        row(S, f"Debezium kill -9 at half of {n:,}: resent", fmt(d_resent), "events", "",
+            f"resumed {d_resume:.1f} s after the kill (restarted at once)")
+        row(S, "outbox vs Debezium: kill -9 mid-drain, resent", fmt(r_resent), "events",
+            f"{r_resent / d_resent:.3f}" if d_resent else "",
+            f"resumed {r_resume:.1f} s after the kill (vs {d_resume:.1f} s: {r_resume / d_resume:.2f})")
+
+        # -- a transaction held open for the whole drain
+        dbz.stop()
+        holder = psycopg2.connect(server.dsn)
+        hc = holder.cursor()
+        hc.execute("SELECT pg_current_xact_id()")
+        n = DBZ_HELD_BACKLOG
+        prog0 = q1(conn, "SELECT pg_total_relation_size('outbox.relay_progress')")
+        make_backlog(conn, n, "rheld")
+        w = Watch(boot, "outbox.event.rheld", n, 1800)
+        set_conf(conn, "outbox.enabled", "on")
+        w.finish(1900)
+        r_rate, _ = w.rate(n)
+        set_conf(conn, "outbox.enabled", "off")
+        prog = q1(conn, "SELECT pg_total_relation_size('outbox.relay_progress')") - prog0
+        dbz_backlog(conn, n, "dheld")
+        w = Watch(boot, "outbox.event.dheld", n, 1800)
+        dbz.start()
+        w.finish(1900)
+        d_rate, _ = w.rate(n)
+        time.sleep(2)
+        retained = q1(conn, """SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
+                                 FROM pg_replication_slots WHERE slot_name = 'debezium'""")
+        holder.rollback()
+        holder.close()
+        row(S, f"Debezium drain of {n:,}, a transaction held open", fmt(d_rate), "ev/s", "",
+            f"WAL retained by its slot at the end: {float(retained) / 2**20:,.0f} MiB")
+        row(S, "outbox vs Debezium: drain, transaction held open", fmt(r_rate), "ev/s",
+            f"{r_rate / d_rate:.2f}", f"relay's own table (relay_progress) grew {prog / 1024:,.0f} kB; "
+            "its events stay until outbox.retention, held or not")
+
+        # -- message compatibility: the same events through both
+        m = COMPAT_EVENTS
+        q(conn, f"""CREATE TABLE bench_compat AS
+                    SELECT gen_random_uuid() AS id, (g %% 500)::text AS agg,
+                           jsonb_build_object('n', g, 'price', g * 1.25, 'name', 'é ü "q" \\ ' || g,
+                                              'tags', jsonb_build_array('a', g %% 3, null, true),
+                                              'nested', jsonb_build_object('x', g %% 10, 'e', '{{}}'::jsonb))
+                             AS payload
+                      FROM generate_series(1, {m}) g""")
+        w = Watch(boot, "outbox.event.compat", 2 * m, 1800)
+        set_conf(conn, "outbox.enabled", "on")
+        q(conn, "SELECT count(outbox.emit('compat', agg, 'compat.e', payload, event_id => id)) FROM bench_compat")
+        w.wait_count(m, 600)
+        set_conf(conn, "outbox.enabled", "off")
+        q(conn, "INSERT INTO dbz.outbox SELECT id, 'compat', agg, 'compat.e', payload FROM bench_compat")
+        w.finish(1900)
+        out = subprocess.run([APACHE_TOOL, "client", "read", boot, "outbox.event.compat"], check=True,
+                             capture_output=True, text=True).stdout
+        per_part, msgs = {}, [json.loads(line) for line in out.splitlines()]
+        # per partition, the relay's messages come first
+        relay_ids = set(str(r[0]) for r in q(conn, "SELECT id FROM bench_compat"))
+        mine, other = {}, {}
+        for msg in msgs:
+            raw = dict(msg["headers"]).get("id")
+            if raw in relay_ids and len(dict(msg["headers"])) > 1:
+                mine[raw] = msg
+            else:
+                try:
+                    other[json.loads(raw)] = dict(msg, raw_id=raw)
+                except (TypeError, ValueError):
+                    other[raw] = dict(msg, raw_id=raw)
+        fields = {"key": 0, "partition": 0, "value": 0, "id header (JSON-decoded)": 0, "id header bytes": 0}
+        match = 0
+        for eid in relay_ids:
+            a, b = mine.get(eid), other.get(eid)
+            if a is None or b is None:
+                continue
+            ok = True
+            for f in ("key", "partition", "value"):
+                if a[f] != b[f]:
+                    fields[f] += 1
+                    ok = False
+            if dict(a["headers"])["id"] != b["raw_id"]:
+                fields["id header bytes"] += 1
+            match += ok
+        missing = m - len(set(mine) & set(other))
+        row(S, f"Debezium messages of the {m:,} events found", fmt(len(other)), "msgs", "",
+            f"the relay's {len(mine):,}; both on topic outbox.event.compat")
+        row(S, "outbox vs Debezium: message match (topic, key, partition, value, id)", f"{100 * match / m:.2f}",
+            "%", f"{match / m:.3f}", "mismatches: " + ", ".join(f"{k} {v}" for k, v in fields.items())
+            + f", missing {missing}")
+        q(conn, "DROP TABLE bench_compat")
+    finally:
+        dbz.cleanup()
+        subprocess.run([APACHE_TOOL, "down", kdir], capture_output=True)
+        shutil.rmtree(kdir, ignore_errors=True)
+        try:
+            set_conf(server.connect(), "outbox.kafka_brokers", mock)
+        except psycopg2.Error:
+            pass
+
+
 def main():
     broker = Broker()
-    server = Server(broker.bootstrap)
+    server = Server(broker.bootstrap, logical="debezium" in SECTIONS)
     try:
         conn = server.connect()
         q(conn, "CREATE EXTENSION outbox")
@@ -581,6 +1019,8 @@ def main():
             bench_bigtx(conn)
         if "opentx" in SECTIONS:
             bench_opentx(conn)
+        if "debezium" in SECTIONS:
+            bench_debezium(server, conn)
     finally:
         server.stop()
         broker.stop()
