@@ -387,7 +387,7 @@ REVOKE ALL ON FUNCTION outbox.notify_relay() FROM PUBLIC;
 
 /*
  * Internal helpers of replay(), discard() and cleanup(), so that what they
- * share is written once.  Not SECURITY DEFINER: they run with the caller's
+ * share is written once.  They run with the caller's own
  * rights, so they keep the default EXECUTE for PUBLIC (a role granted
  * replay() or cleanup() can run what those call), and PUBLIC has no USAGE
  * on the schema.  delivered_events() and removable_events() are SQL without
