@@ -176,19 +176,20 @@ OutboxXactCompletionCount(void)
 
 /* ---- 2.1 a known crash on topic errors --------------------------------
  *
- * OutboxRdkafkaCrashesOnTopicErrors(): whether the librdkafka loaded at run
- * time is one that can crash in its own main thread on a metadata answer
+ * OutboxRdkafkaKnownCrash(): the version text of the librdkafka loaded at
+ * run time when it is one that can crash in its own main thread on a metadata answer
  * carrying a topic-level error together with the topic's partitions: it
  * then updates leaders for partitions it has not set up (librdkafka issue
  * 4907, fixed in 2.10.0).  Seen here with trixie's 2.8.0 against the test
  * broker, which answers topic errors that way; a real Kafka 3.9 broker
  * answers an unauthorized or unknown topic with no partitions, and 2.8.0
  * took that without harm.  Bookworm's 2.0.2 and sid's 2.14.2 are not
- * affected.  The relay warns once at start where this holds.
+ * affected.  NULL for every other version.  The relay warns once at start
+ * where it is not NULL.
  */
-#define OutboxRdkafkaCrashesOnTopicErrors() \
-	(rd_kafka_version() >= 0x02080000 && rd_kafka_version() < 0x020a0000)
-#define OutboxRdkafkaVersionText() rd_kafka_version_str()
+#define OutboxRdkafkaKnownCrash() \
+	(rd_kafka_version() >= 0x02080000 && rd_kafka_version() < 0x020a0000 ? \
+	 rd_kafka_version_str() : NULL)
 
 
 /* ========================================================================

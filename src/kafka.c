@@ -32,7 +32,6 @@
  */
 #include "postgres.h"
 
-
 #include <librdkafka/rdkafka.h>
 
 #include "utils/memutils.h"
@@ -725,7 +724,7 @@ OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len)
 const char *
 OutboxKafkaKnownCrash(void)
 {
-	return OutboxRdkafkaCrashesOnTopicErrors() ? OutboxRdkafkaVersionText() : NULL;
+	return OutboxRdkafkaKnownCrash();
 }
 
 const char *

@@ -655,6 +655,8 @@ relay_step(Relay *r)
 static void
 relay_start(Relay *r, Oid dboid)
 {
+	const char *crashing;
+
 	/* the relay's statements name every object; nothing else may resolve */
 	SetConfigOption("search_path", "pg_catalog", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -697,10 +699,10 @@ relay_start(Relay *r, Oid dboid)
 	AddWaitEventToSet(r->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 	AddWaitEventToSet(r->wait_set, WL_SOCKET_READABLE, r->event_pipe[0], NULL, NULL);
 	OutboxKafkaReadSecretsFile(r->cxt);
-	if (OutboxKafkaKnownCrash() != NULL)
+	if ((crashing = OutboxKafkaKnownCrash()) != NULL)
 		ereport(WARNING,
 				(errmsg("librdkafka %s can crash the relay on a topic error in a metadata answer",
-						OutboxKafkaKnownCrash()),
+						crashing),
 				 errdetail("librdkafka 2.8 and 2.9 mishandle a metadata answer that carries a topic error together with the topic's partitions; 2.10.0 fixed it."),
 				 errhint("Build outbox against librdkafka 2.10.0 or later.")));
 
