@@ -4,8 +4,9 @@ EXTENSION = outbox
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
 	src/topic.o src/sequence.o src/launcher.o src/relay.o src/relay_round.o \
-	src/relay_page.o src/message.o src/store.o src/store_dead.o \
-	src/store_upkeep.o src/kafka.o src/kafka_settings.o src/status.o src/probe.o
+	src/relay_page.o src/relay_hold.o src/message.o src/store.o src/store_dead.o \
+	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
+	src/kafka_settings.o src/status.o src/probe.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
@@ -36,7 +37,7 @@ include $(PGXS)
 PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared headers (PGXS tracks no header)
-$(OBJS): src/outbox.h src/compat.h src/relay.h src/store.h
+$(OBJS): src/outbox.h src/compat.h src/relay.h src/store.h src/kafka.h
 
 test-broker:
 	$(MAKE) -C test/broker

@@ -56,14 +56,18 @@ DROP ROLE outbox_nobody, outbox_writer, outbox_reader;
 -- a monitoring role sees health and status, never payloads
 CREATE ROLE outbox_monitor;
 GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
-GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() TO outbox_monitor;
 GRANT SELECT ON outbox.status TO outbox_monitor;
 SET ROLE outbox_monitor;
 SELECT * FROM outbox.health();
+SELECT * FROM outbox.holds();
 SELECT t.err($$SELECT payload FROM outbox.events$$);
 SELECT t.err($$SELECT envelope FROM outbox.dead_letters$$);
+-- the held table is the relay's: a monitoring role neither reads nor writes it
+SELECT t.err($$SELECT * FROM outbox.held$$);
+SELECT t.err($$INSERT INTO outbox.held (id, topic, kafka_partition) VALUES (1, 't', 0)$$);
 RESET ROLE;
-REVOKE ALL ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) FROM outbox_monitor;
+REVOKE ALL ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() FROM outbox_monitor;
 REVOKE ALL ON outbox.status FROM outbox_monitor;
 REVOKE ALL ON SCHEMA outbox FROM outbox_monitor;
 DROP ROLE outbox_monitor;
@@ -72,4 +76,10 @@ CREATE ROLE outbox_stranger;
 SET ROLE outbox_stranger;
 SELECT t.err($$SELECT * FROM outbox.health()$$);
 RESET ROLE;
+-- USAGE on the schema alone is not enough: holds() needs its EXECUTE
+GRANT USAGE ON SCHEMA outbox TO outbox_stranger;
+SET ROLE outbox_stranger;
+SELECT t.err($$SELECT * FROM outbox.holds()$$);
+RESET ROLE;
+REVOKE USAGE ON SCHEMA outbox FROM outbox_stranger;
 DROP ROLE outbox_stranger;

@@ -46,6 +46,14 @@ ALTER SYSTEM SET outbox.batch_max_bytes = '1025MB';
 ALTER SYSTEM SET outbox.batch_max_bytes = '16MB';
 ALTER SYSTEM RESET outbox.batch_max_bytes;
 
+-- how long a silent partition waits before it is held: 0 (never) to an hour
+ALTER SYSTEM SET outbox.hold_after = -1;
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.hold_after = '2h';
+ALTER SYSTEM SET outbox.hold_after = 0;
+ALTER SYSTEM SET outbox.hold_after = '2s';
+ALTER SYSTEM RESET outbox.hold_after;
+
 -- credentials belong in a file: PostgreSQL logs a changed setting's value
 -- (relative paths are from the data directory)
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'no_such_file.conf';

@@ -5,7 +5,8 @@
  *		produce with headers, delivery reports and their error classes.
  *
  * Invariants:
- *	- This is the only file that includes rdkafka.h.
+ *	- This file and kafka_topic.c (the topics met, partitions) are the only
+ *	  ones that include rdkafka.h.
  *	- librdkafka's own threads never call back into PostgreSQL: logs go to
  *	  a queue (log.queue=true), and every callback (delivery report, error,
  *	  log) is served by rd_kafka_poll() in the relay's thread, where it only
@@ -22,7 +23,7 @@
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
  *	  page memory once every delivery report of the page has been served.
  *	- While the relay works, the only blocking librdkafka call, a new
- *	  topic's metadata fetch, is bounded (know_topic), and the relay checks
+ *	  topic's metadata fetch, is bounded (kafka_topic.c), and the relay checks
  *	  for shutdown between two; the topics a producer remembers are bounded
  *	  too.  rd_kafka_destroy (a rebuild, the exit) waits for librdkafka's
  *	  threads to end; it comes after a purge, so it waits on no broker's
@@ -38,23 +39,8 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "kafka.h"
 
-struct OutboxProducer
-{
-	rd_kafka_t *rk;
-	int			pending;		/* produced, delivery report not yet served */
-	char		error[256];		/* last error/log line worth reporting */
-	int			error_count;	/* errors since the relay last took one */
-	int			fatal_count;	/* of which of the fatal class (authentication, SSL) */
-	int			brokers_up;		/* from the last statistics, -1 unknown */
-	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
-	rd_kafka_topic_t **topics;
-	TimestampTz metadata_paused_until;	/* no metadata fetch before */
-	char	   *built_brokers;	/* the settings it was built from (malloc'd) */
-	char	   *built_config;
-	char	   *built_secrets;
-};
 
 /*
  * The relay's memo of outbox.kafka_secrets_file, as last read (empty text
@@ -250,6 +236,7 @@ record_outcome(OutboxEvent *event, int err, bool local)
 	TimestampTz now;
 
 	event->delivery_err = err;
+	event->in_flight = false;
 	if (err == 0)
 		return;
 	now = GetCurrentTimestamp();
@@ -270,7 +257,8 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 
 	if (event != NULL)
 		record_outcome(event, (int) msg->err, false);
-	producer->pending--;
+	if (event == NULL || !event->probe)
+		producer->pending--;
 }
 
 static void
@@ -489,6 +477,7 @@ OutboxProducerCreate(int event_fd, char **errmsg)
 		*errmsg = pstrdup("out of memory");
 		goto fail;
 	}
+	OutboxKafkaChoosePartitioner(producer, conf);
 	rd_kafka_conf_set_opaque(conf, producer);
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
 	rd_kafka_conf_set_error_cb(conf, error_report);
@@ -532,29 +521,6 @@ OutboxProducerOutdated(const OutboxProducer *producer)
 }
 
 /*
- * Fetching a new topic's metadata blocks the relay: each fetch is bounded
- * by TOPIC_METADATA_TIMEOUT_MS, and after one fails (brokers down or slow)
- * none is tried for TOPIC_METADATA_PAUSE_MS, so that a page of thousands
- * of new topics costs at most one timeout, not one per topic.  The relay
- * checks for shutdown between events.  At most TOPIC_CACHE_MAX topics are
- * remembered; a full cache is emptied and starts over.
- */
-#define TOPIC_METADATA_TIMEOUT_MS 250
-#define TOPIC_METADATA_PAUSE_MS 5000
-#define TOPIC_CACHE_MAX 1024
-
-static void
-forget_topics(OutboxProducer *producer)
-{
-	int			i;
-
-	/* librdkafka keeps a topic its queued messages still need */
-	for (i = 0; i < producer->ntopics; i++)
-		rd_kafka_topic_destroy(producer->topics[i]);
-	producer->ntopics = 0;
-}
-
-/*
  * OutboxProducerDestroy
  *		Drop whatever is still queued and destroy the producer.  Events not
  *		acknowledged by now are simply re-sent by the next producer.
@@ -565,54 +531,10 @@ OutboxProducerDestroy(OutboxProducer *producer)
 	if (producer == NULL)
 		return;
 	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-	forget_topics(producer);
+	OutboxKafkaForgetTopics(producer);
 	free(producer->topics);
 	rd_kafka_destroy(producer->rk);
 	free_producer_memo(producer);
-}
-
-/*
- * know_topic
- *		Fetch a topic's metadata the first time this producer meets it.
- *		librdkafka 2.0 otherwise finds an unknown topic's partitions only at
- *		its next periodic scan, up to a second later, and every message for
- *		it waits.  One short round trip per topic per producer, skipped for
- *		a while after one fails: the periodic scan finds the topic then.
- */
-static void
-know_topic(OutboxProducer *producer, const char *topic)
-{
-	rd_kafka_topic_t *rkt;
-	const struct rd_kafka_metadata *md;
-	int			i;
-	TimestampTz now;
-
-	for (i = producer->ntopics - 1; i >= 0; i--)
-		if (strcmp(rd_kafka_topic_name(producer->topics[i]), topic) == 0)
-			return;
-	if (producer->topics == NULL)
-	{
-		producer->topics = malloc(sizeof(rd_kafka_topic_t *) * TOPIC_CACHE_MAX);
-		if (producer->topics == NULL)
-			return;
-	}
-	if (producer->ntopics >= TOPIC_CACHE_MAX)
-		forget_topics(producer);
-	rkt = rd_kafka_topic_new(producer->rk, topic, NULL);
-	if (rkt == NULL)
-		return;
-	producer->topics[producer->ntopics++] = rkt;
-
-	now = GetCurrentTimestamp();
-	if (now < producer->metadata_paused_until)
-		return;
-	/* failure is harmless: the periodic scan finds it later */
-	if (rd_kafka_metadata(producer->rk, 0, rkt, &md, TOPIC_METADATA_TIMEOUT_MS) ==
-		RD_KAFKA_RESP_ERR_NO_ERROR)
-		rd_kafka_metadata_destroy(md);
-	else
-		producer->metadata_paused_until =
-			TimestampTzPlusMilliseconds(GetCurrentTimestamp(), TOPIC_METADATA_PAUSE_MS);
 }
 
 /*
@@ -630,10 +552,8 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	char		num[2][32];
 	int			i;
 
-	/* a page is mostly one topic: compare with the last one first */
-	if (producer->ntopics == 0 ||
-		strcmp(rd_kafka_topic_name(producer->topics[producer->ntopics - 1]), event->topic) != 0)
-		know_topic(producer, event->topic);
+	if (event->partition == OUTBOX_PARTITION_UNSET)
+		(void) OutboxProducerPartition(producer, event);
 
 	OutboxEventHeaderValues(event, values, num);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);
@@ -647,6 +567,8 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
 	err = rd_kafka_producev(producer->rk,
 							RD_KAFKA_V_TOPIC(event->topic),
+							RD_KAFKA_V_PARTITION(event->partition >= 0 ? event->partition :
+												 RD_KAFKA_PARTITION_UA),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
 							RD_KAFKA_V_VALUE(event->payload, event->payload_len),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
@@ -660,7 +582,9 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		record_outcome(event, (int) err, true);
 		return;
 	}
-	producer->pending++;
+	event->in_flight = true;
+	if (!event->probe)
+		producer->pending++;
 }
 
 /*

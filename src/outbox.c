@@ -58,6 +58,7 @@ static const struct config_enum_entry poison_policy_options[] = {
 int			outbox_retry_backoff_min = OUTBOX_BACKOFF_MIN_DEFAULT;
 int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
 int			outbox_delivery_timeout = OUTBOX_DELIVERY_TIMEOUT_DEFAULT;
+int			outbox_hold_after = OUTBOX_HOLD_AFTER_DEFAULT;
 int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
 int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
 
@@ -326,6 +327,15 @@ define_failure_settings(void)
 							"after a backoff.",
 							&outbox_delivery_timeout,
 							OUTBOX_DELIVERY_TIMEOUT_DEFAULT, 100, OUTBOX_BACKOFF_LIMIT,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.hold_after",
+							"How long a Kafka partition may acknowledge nothing, while others do, before its events are held.",
+							"Held events are kept in outbox.held and sent, in order, once the partition answers again; "
+							"the other partitions' events flow meanwhile.  0 holds nothing: the page waits.",
+							&outbox_hold_after,
+							OUTBOX_HOLD_AFTER_DEFAULT, 0, OUTBOX_BACKOFF_LIMIT,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

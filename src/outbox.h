@@ -38,6 +38,7 @@
 #define OUTBOX_BACKOFF_LIMIT		3600000
 #define OUTBOX_MAX_ATTEMPTS_DEFAULT 5
 #define OUTBOX_DELIVERY_TIMEOUT_DEFAULT 30000
+#define OUTBOX_HOLD_AFTER_DEFAULT	1000
 #define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
 #define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
 /* the inbox's dedupe window: under a minute, duplicates still in flight would be consumed again */
@@ -114,6 +115,7 @@ extern int	outbox_poison_policy;
 extern int	outbox_retention;
 extern int	outbox_inbox_retention;
 extern int	outbox_delivery_timeout;
+extern int	outbox_hold_after;
 
 /* emit.c */
 extern bool OutboxTraceparentIsValid(const char *value);
@@ -319,12 +321,28 @@ typedef struct OutboxEvent
 
 	/* replay pages only */
 	int64		queue_position;
+
+	/*
+	 * The Kafka partition the relay sends it to (OutboxProducerPartition),
+	 * OUTBOX_PARTITION_UNSET before it is asked, OUTBOX_PARTITION_UNKNOWN
+	 * when the topic's partitions are unknown (librdkafka then chooses).
+	 */
+	int32		partition;
+	bool		probe;			/* sent alone for a held partition: kafka.c
+								 * leaves it out of the pending count */
+	bool		was_held;		/* read from outbox.held */
+	bool		in_flight;		/* produced, its delivery report not served */
 } OutboxEvent;
+
+#define OUTBOX_PARTITION_UNSET		(-2)
+#define OUTBOX_PARTITION_UNKNOWN	(-1)
 
 #define OUTBOX_EVENT_PENDING		0
 #define OUTBOX_EVENT_DELIVERED		1
 #define OUTBOX_EVENT_QUARANTINED	2
 #define OUTBOX_EVENT_PARKED			3
+#define OUTBOX_EVENT_HELD			4	/* its partition is held: recorded in
+										 * outbox.held, not sent */
 
 /* message.c */
 extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
@@ -349,6 +367,7 @@ extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
 extern OutboxProducer *OutboxProducerCreate(int event_fd, char **errmsg);
 extern bool OutboxProducerOutdated(const OutboxProducer *producer);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
+extern int32 OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
 extern int	OutboxProducerServe(OutboxProducer *producer);
 extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
@@ -395,6 +414,24 @@ extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
 extern int64 OutboxStoreCleanup(int max_events);
 extern int64 OutboxStoreInboxCleanup(int max_rows);
+
+/* store_held.c: held partitions */
+typedef struct OutboxHeldPartition
+{
+	char	   *topic;
+	int32		partition;
+	int64		events;
+	TimestampTz since;
+} OutboxHeldPartition;
+
+extern bool OutboxStoreHeldPresent(void);
+extern int	OutboxStoreLoadHolds(OutboxHeldPartition **holds, MemoryContext cxt);
+extern int64 OutboxStoreHoldEvents(const OutboxEvent *events, int n);
+extern int64 OutboxStoreReleaseHeld(const OutboxEvent *events, int n);
+extern int	OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
+								OutboxEvent **events, MemoryContext cxt);
+extern void OutboxStoreDeleteHeld(int64 id);
+extern int64 OutboxStoreEndHold(const char *topic, int32 partition);
 
 /* an aggregate whose events wait behind a quarantined one */
 typedef struct OutboxBlocked

@@ -78,7 +78,6 @@
 #include "compat.h"
 #include "relay.h"
 
-#define RELAY_LOG_INTERVAL_MS	10000
 #define RELAY_PAGE_MEMORY		(4 * 1024 * 1024)
 #define RELAY_PAGE_SIZES	RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY, ALLOCSET_DEFAULT_MAXSIZE
 #define RELAY_MALLOC_KEEP		(64 * 1024 * 1024)
@@ -135,64 +134,6 @@ OutboxRelaySetState(Relay *r, OutboxRelayState state)
 	r->logged_state = name;
 }
 
-/*
- * OutboxRelayNoteError
- *		Show a condition in status() without a log line: the failures it
- *		leads to are logged by OutboxRelayReportError.
- */
-void
-OutboxRelayNoteError(Relay *r, const char *what, const char *detail)
-{
-	char		line[256];
-
-	snprintf(line, sizeof(line), "%s: %s", what, detail);
-	OutboxSlotCountError(r->slot, line);
-}
-
-/*
- * OutboxRelayReportError
- *		Count an external failure and log it at most every
- *		RELAY_LOG_INTERVAL_MS, with how many happened since the last line.
- */
-void
-OutboxRelayReportError(Relay *r, const char *what, const char *detail)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	OutboxRelayNoteError(r, what, detail);
-	r->errors_since_log++;
-	if (TimestampDifferenceExceeds(r->last_error_log, now, RELAY_LOG_INTERVAL_MS))
-	{
-		ereport(LOG,
-				(errmsg("outbox relay: %s", what),
-				 errdetail("%s (%d failures since the last report)", detail,
-						   r->errors_since_log)));
-		r->errors_since_log = 0;
-		r->last_error_log = now;
-	}
-}
-
-/*
- * OutboxRelayTakeProducerErrors
- *		Report what the producer's error callbacks recorded; its refused
- *		logins and TLS handshakes join report's fatal failures (librdkafka
- *		retries them itself).
- */
-void
-OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report)
-{
-	char		buf[256];
-	int			count;
-	int			fatal;
-
-	if (r->producer != NULL &&
-		OutboxProducerTakeError(r->producer, buf, sizeof(buf), &count, &fatal))
-	{
-		OutboxRelayReportError(r, "Kafka client error", buf);
-		report->failures[OUTBOX_ERROR_FATAL] += fatal;
-	}
-}
-
 /* status(): the producer's errors and the brokers it reaches */
 static void
 report_producer(Relay *r)
@@ -214,7 +155,10 @@ static void
 set_producer(Relay *r, OutboxProducer *producer)
 {
 	if (r->producer != NULL)
+	{
 		OutboxProducerDestroy(r->producer);
+		OutboxRelayForgetProbes(r);
+	}
 	r->producer = producer;
 }
 
@@ -335,6 +279,7 @@ relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
 	if ((wake & RELAY_WAKE_PRODUCER) && r->producer != NULL)
 	{
 		(void) OutboxProducerServe(r->producer);
+		OutboxRelayServeProbes(r);
 		report_producer(r);
 	}
 	return wake;
@@ -425,6 +370,9 @@ step_wait(Relay *r)
 
 	if (wake & RELAY_WAKE_STOP)
 		return RELAY_STEP_STOP;
+	/* a held partition answered its probe: drain it now */
+	if (r->step == RELAY_STEP_IDLE && OutboxRelayDrainDue(r))
+		return RELAY_STEP_READ;
 	if (!(wake & (backing_off ? RELAY_WAKE_TIMEOUT :
 				  RELAY_WAKE_LATCH | RELAY_WAKE_TIMEOUT)))
 		return r->step;
@@ -496,9 +444,18 @@ step_read(Relay *r)
 		r->replay_seen_valid = true;
 	}
 
+	/* held partitions: probes out, and drains taking turns with the batch */
+	if (r->holds != NIL)
+	{
+		OutboxRelayServeProbes(r);
+		OutboxRelaySendProbes(r);
+	}
+	if (r->drain_turn && OutboxRelayTakeDrain(r))
+		return RELAY_STEP_SEND;
+
 	if (r->ahead == NULL && !r->batch_open && r->batch_seen_valid &&
 		r->batch_seen_completions == OutboxXactCompletionCount())
-		return enter_idle(r);
+		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
 	completions = OutboxXactCompletionCount();
 	pg = r->ahead;
 	if (pg == NULL && OutboxRelayReadPage(r, &r->pages[0]))
@@ -506,9 +463,10 @@ step_read(Relay *r)
 	r->batch_seen_completions = completions;
 	r->batch_seen_valid = (pg == NULL);
 	if (pg == NULL)
-		return enter_idle(r);
+		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
 	r->ahead = NULL;
 	r->in_hand = pg;
+	r->drain_turn = true;
 	return RELAY_STEP_SEND;
 }
 
@@ -530,7 +488,7 @@ step_send(Relay *r)
 	if (first && !pg->replay)
 		OutboxRelayParkBlocked(r, pg);
 	OutboxRelaySendRound(r, pg);
-	if (first && !pg->replay && r->ahead == NULL)
+	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
 	{
 		RelayPage  *next = (pg == &r->pages[0]) ? &r->pages[1] : &r->pages[0];
 
@@ -568,14 +526,16 @@ step_await(Relay *r)
 
 	if (pg->sent == 0)
 	{
-		/* only a round cut short leaves events unsent */
-		if (pg->cut && OutboxRelayPagePending(pg))
-			return RELAY_STEP_STOP;
+		/* a round cut short, or waiting for a held topic's partitions */
+		if (OutboxRelayPagePending(pg))
+			return pg->cut ? RELAY_STEP_STOP : enter_back_off(r, RELAY_STEP_SEND);
 		/* settled, if only by quarantine: no longer backing off */
 		r->backoff_ms = 0;
 		return RELAY_STEP_RECORD;
 	}
 	pending = OutboxProducerServe(r->producer);
+	if (r->holds != NIL)
+		OutboxRelayServeProbes(r);
 	if (pending == 0)
 	{
 		if (r->round_abandoned)
@@ -587,8 +547,12 @@ step_await(Relay *r)
 		return RELAY_STEP_SEND;
 	}
 
+	/* a partition that answers nothing while others do is held */
+	if (OutboxRelayHoldStalled(r, pg))
+		return RELAY_STEP_AWAIT;
 	OutboxRelayWatchRound(r, pending);
-	wake = relay_wait(r, RELAY_ACK_POLL_MS, WAIT_ACKS(r));
+	wake = relay_wait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
+					  RELAY_ACK_POLL_MS, WAIT_ACKS(r));
 	if ((wake & RELAY_WAKE_STOP) && !r->round_abandoned)
 	{
 		OutboxProducerPurge(r->producer);
@@ -683,6 +647,9 @@ relay_start(Relay *r, Oid dboid)
 	r->pages[1].cxt = AllocSetContextCreate(r->cxt, "outbox page", RELAY_PAGE_SIZES);
 	r->replay_page.cxt = AllocSetContextCreate(r->cxt, "outbox replay page",
 											   RELAY_PAGE_SIZES);
+	r->drain_page.cxt = AllocSetContextCreate(r->cxt, "outbox held page",
+											  RELAY_PAGE_SIZES);
+	r->holds_cxt = AllocSetContextCreate(r->cxt, "outbox holds", ALLOCSET_SMALL_SIZES);
 	OutboxMallocKeep(RELAY_MALLOC_KEEP);
 	r->blocked_cxt = AllocSetContextCreate(r->cxt, "outbox blocked aggregates",
 										   ALLOCSET_SMALL_SIZES);

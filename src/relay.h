@@ -43,20 +43,52 @@ typedef enum RelayStep
  * turns (the one in hand and the one read ahead); replay pages have their
  * own.
  */
+struct RelayHold;
+
 typedef struct RelayPage
 {
 	MemoryContext cxt;			/* the events; reset when the page is read */
 	OutboxEvent *events;
 	int			n;
 	bool		replay;			/* a page of the replay queue */
+	struct RelayHold *drain;	/* a page of this hold's events (relay_hold.c) */
 	char	   *cur;			/* snapshot of the batch the page belongs to */
 	int64		last_id;		/* its last event id */
 	bool		done;			/* the last page of its batch */
 	int			rounds;			/* rounds sent so far */
 	int			sent;			/* events in the round under way */
+	int			held;			/* events of held partitions, not sent */
 	int			retried;		/* of those, sent before */
 	bool		cut;			/* shutdown cut the round short */
 } RelayPage;
+
+/*
+ * A held topic-partition (relay_hold.c): its events wait in outbox.held.
+ * Its oldest event goes alone as a probe; once that is acknowledged the
+ * hold drains, a page of its held events at a time, and ends when none is
+ * left.
+ */
+typedef struct RelayHold
+{
+	char	   *topic;			/* in Relay.holds_cxt */
+	int32		partition;
+	int64		events;			/* its rows in outbox.held, as counted */
+	TimestampTz since;
+	MemoryContext probe_cxt;	/* the probe; reset for each new one */
+	OutboxEvent *probe;			/* in librdkafka, or NULL */
+	TimestampTz next_probe;		/* no probe before */
+	bool		answered;		/* the partition answered: drain it */
+	int64		answered_id;	/* the probe delivered, its row still there */
+} RelayHold;
+
+/* what a round does with one event (OutboxRelayHoldOrSend) */
+typedef enum RelayHoldChoice
+{
+	RELAY_EVENT_SEND,			/* hand it to librdkafka */
+	RELAY_EVENT_HOLD,			/* its partition is held: now HELD */
+	RELAY_EVENT_WAIT			/* its partition is not known yet, and its
+								 * topic has a hold: not this round */
+} RelayHoldChoice;
 
 typedef struct Relay
 {
@@ -103,6 +135,15 @@ typedef struct Relay
 	MemoryContext blocked_cxt;
 	bool		blocked_stale;
 
+	/* held partitions (relay_hold.c) */
+	List	   *holds;			/* of RelayHold, in holds_cxt */
+	MemoryContext holds_cxt;
+	RelayPage	drain_page;
+	bool		drain_turn;		/* a drain page goes before the next batch page */
+	TimestampTz last_ack_at;	/* the last acknowledgement of any event */
+	bool		can_hold;		/* the database has outbox.held (1.4 on) */
+	TimestampTz held_checked_at;	/* when can_hold was last found false */
+
 	/* what the database side has to do */
 	bool		replays_due;
 	TimestampTz restore_waiting_since;	/* 0: no restored events wait */
@@ -142,6 +183,18 @@ extern void OutboxRelayWatchRound(Relay *r, int pending);
 extern bool OutboxRelaySettleRound(Relay *r, RelayPage *pg);
 extern bool OutboxRelayPagePending(const RelayPage *pg);
 extern void OutboxRelayReloadBlocked(Relay *r);
+
+/* relay_hold.c */
+extern void OutboxRelayLoadHolds(Relay *r);
+extern RelayHoldChoice OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev);
+extern bool OutboxRelayHoldStalled(Relay *r, RelayPage *pg);
+extern void OutboxRelayServeProbes(Relay *r);
+extern void OutboxRelaySendProbes(Relay *r);
+extern void OutboxRelayForgetProbes(Relay *r);
+extern bool OutboxRelayDrainDue(const Relay *r);
+extern bool OutboxRelayTakeDrain(Relay *r);
+extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
+extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
 
 /* relay_page.c */
 extern void OutboxRelayBeginTxn(const char *activity);

@@ -103,6 +103,7 @@ OutboxRelayLoadProgress(Relay *r, Oid dboid)
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension(r);
 	OutboxStoreLoadProgress(&r->batch, r->cxt);
+	OutboxRelayLoadHolds(r);
 	OutboxRelayEndTxn(r);
 }
 
@@ -166,7 +167,9 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	MemoryContextReset(pg->cxt);
 	pg->n = 0;
 	pg->replay = false;
+	pg->drain = NULL;
 	pg->rounds = 0;
+	pg->held = 0;
 
 	OutboxRelayBeginTxn("reading events");
 	if (!OutboxStoreExtensionPresent())
@@ -207,7 +210,9 @@ OutboxRelayReadReplays(Relay *r, RelayPage *pg)
 {
 	MemoryContextReset(pg->cxt);
 	pg->replay = true;
+	pg->drain = NULL;
 	pg->rounds = 0;
+	pg->held = 0;
 	OutboxRelayBeginTxn("reading replays");
 	pg->n = OutboxStoreReadReplays(outbox_batch_size, &pg->events, pg->cxt);
 	OutboxRelayEndTxn(r);
@@ -261,11 +266,21 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 		return;
 	}
 
+	if (pg->drain != NULL)
+	{
+		OutboxRelayRecordDrain(r, pg);
+		return;
+	}
+
+	/* the invariant of relay_hold.c: held rows commit with the progress */
 	OutboxRelayBeginTxn("recording progress");
 	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
 		r->replays_due = true;
+	if (pg->held > 0)
+		(void) OutboxStoreHoldEvents(pg->events, pg->n);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
 	OutboxRelayEndTxn(r);
+	OutboxRelayCountHeld(r, pg);
 	report_backlog(r, false, r->batch.remaining,
 				   r->ahead != NULL && r->ahead->n > 0 ? r->ahead->events[0].created_at : 0,
 				   0, 1);

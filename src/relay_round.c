@@ -2,13 +2,14 @@
  *
  * relay_round.c
  *		Rounds of a page: hand its pending events to librdkafka, then settle
- *		what their delivery reports say; quarantine and park.
+ *		what their delivery reports say; quarantine and park; report errors.
  *
  * Invariants:
  *	- A round hands librdkafka the page's pending events in id order,
  *	  except those held back behind an earlier event of their aggregate
  *	  that was refused and is being retried: an aggregate's events never
- *	  overtake one another.  Sending again what failed is the next round's
+ *	  overtake one another.  Events of a held partition are held instead
+ *	  of sent (relay_hold.c).  Sending again what failed is the next round's
  *	  job (the SEND step); settling never sends.
  *	- Shutdown is looked at between any two messages handed to librdkafka,
  *	  whose only blocking call is bounded (kafka.c): a round cut short says
@@ -36,6 +37,66 @@
 #include "relay.h"
 
 #define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
+#define RELAY_LOG_INTERVAL_MS	10000
+
+/*
+ * OutboxRelayNoteError
+ *		Show a condition in status() without a log line: the failures it
+ *		leads to are logged by OutboxRelayReportError.
+ */
+void
+OutboxRelayNoteError(Relay *r, const char *what, const char *detail)
+{
+	char		line[256];
+
+	snprintf(line, sizeof(line), "%s: %s", what, detail);
+	OutboxSlotCountError(r->slot, line);
+}
+
+/*
+ * OutboxRelayReportError
+ *		Count an external failure and log it at most every
+ *		RELAY_LOG_INTERVAL_MS, with how many happened since the last line.
+ */
+void
+OutboxRelayReportError(Relay *r, const char *what, const char *detail)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	OutboxRelayNoteError(r, what, detail);
+	r->errors_since_log++;
+	if (TimestampDifferenceExceeds(r->last_error_log, now, RELAY_LOG_INTERVAL_MS))
+	{
+		ereport(LOG,
+				(errmsg("outbox relay: %s", what),
+				 errdetail("%s (%d failures since the last report)", detail,
+						   r->errors_since_log)));
+		r->errors_since_log = 0;
+		r->last_error_log = now;
+	}
+}
+
+/*
+ * OutboxRelayTakeProducerErrors
+ *		Report what the producer's error callbacks recorded; its refused
+ *		logins and TLS handshakes join report's fatal failures (librdkafka
+ *		retries them itself).
+ */
+void
+OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report)
+{
+	char		buf[256];
+	int			count;
+	int			fatal;
+
+	if (r->producer != NULL &&
+		OutboxProducerTakeError(r->producer, buf, sizeof(buf), &count, &fatal))
+	{
+		OutboxRelayReportError(r, "Kafka client error", buf);
+		report->failures[OUTBOX_ERROR_FATAL] += fatal;
+	}
+}
+
 
 static OutboxBlocked *
 find_blocked(Relay *r, const OutboxEvent *ev)
@@ -239,6 +300,16 @@ OutboxRelaySendRound(Relay *r, RelayPage *pg)
 		if (events[i].disposition != OUTBOX_EVENT_PENDING ||
 			held_back(events, i, any_refused))
 			continue;
+		switch (OutboxRelayHoldOrSend(r, pg, &events[i]))
+		{
+			case RELAY_EVENT_HOLD:
+				pg->held++;
+				continue;
+			case RELAY_EVENT_WAIT:
+				continue;
+			case RELAY_EVENT_SEND:
+				break;
+		}
 		OutboxProducerSend(r->producer, &events[i]);
 		pg->sent++;
 		if (events[i].first_failed_at != 0)
@@ -316,8 +387,8 @@ OutboxRelaySettleRound(Relay *r, RelayPage *pg)
 	OutboxRelayTakeProducerErrors(r, &report);
 	report.brokers_up = OutboxProducerBrokersUp(r->producer);
 	report.retries = pg->retried;
-	/* replays are not part of the batch, so not of its backlog */
-	report.batch_events = !pg->replay;
+	/* replays and held events are not part of the batch, so not of its backlog */
+	report.batch_events = !pg->replay && pg->drain == NULL;
 	for (i = 0; i < pg->n; i++)
 	{
 		OutboxEvent *ev = &pg->events[i];
@@ -345,6 +416,8 @@ OutboxRelaySettleRound(Relay *r, RelayPage *pg)
 			quarantine(r, pg, i);
 	}
 	OutboxSlotReportRound(r->slot, &report);
+	if (report.delivered.events > 0)
+		r->last_ack_at = acked_at;
 	if (failed == 0)
 		return true;
 

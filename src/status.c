@@ -41,11 +41,18 @@ typedef struct StatusSnapshot
 	int64		quarantined;
 	int64		parked;
 	int64		queued;			/* replay queue and unjudged restored events */
+	int64		held_events;	/* rows of outbox.held */
+	int			held_partitions;
+	double		held_age;		/* seconds since the oldest hold began, < 0 none */
+	char	   *holds;			/* held partitions as a JSON array, NULL none */
+	char	   *held_metrics;	/* their outbox_held_events samples (labels
+								 * after the database's) */
+	char	   *oldest_hold;	/* "topic[partition]" of the oldest hold */
 	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
 
-/* status()'s columns, in its OUT order */
-#define STATUS_NATTS 25
+/* status()'s columns, in its OUT order (25 before 1.4) */
+#define STATUS_NATTS 27
 
 /* a row being filled column by column */
 typedef struct StatusRow
@@ -53,6 +60,7 @@ typedef struct StatusRow
 	Datum		values[STATUS_NATTS];
 	bool		nulls[STATUS_NATTS];
 	int			n;
+	int			natts;			/* the installed version's columns */
 } StatusRow;
 
 static void
@@ -95,6 +103,76 @@ count_dead_letters(StatusSnapshot *snap)
 		SPI_execute("SELECT pg_catalog.count(*) FROM outbox.restored_events",
 					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
 		snap->queued += DatumGetInt64(spi_value(1, &isnull));
+	SPI_finish();
+}
+
+/*
+ * Held partitions, from outbox.held (none before 1.4): how many events,
+ * the partitions as JSON for status(), their samples for metrics(), the
+ * oldest for health().  The table holds rows only while a partition is
+ * held, so this reads nothing in the usual case.
+ */
+static const char *const held_sql =
+"SELECT s.topic, s.kafka_partition, s.events, s.since,"
+" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.since),"
+" pg_catalog.jsonb_build_object('topic', s.topic, 'partition', s.kafka_partition,"
+"  'events', s.events, 'since', s.since)::text"
+" FROM (SELECT h.topic, h.kafka_partition, pg_catalog.count(*) AS events,"
+"  pg_catalog.min(h.held_at) AS since"
+"  FROM outbox.held h GROUP BY h.topic, h.kafka_partition) s"
+" ORDER BY s.since, s.topic, s.kafka_partition";
+
+static void
+count_held(StatusSnapshot *snap)
+{
+	bool		isnull;
+	uint64		i;
+	StringInfoData json;
+	StringInfoData samples;
+	MemoryContext outer = CurrentMemoryContext;
+	MemoryContext spi;
+
+	snap->held_age = -1;
+	initStringInfo(&json);
+	initStringInfo(&samples);
+	SPI_connect();
+	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.held') IS NOT NULL",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1 ||
+		!DatumGetBool(spi_value(1, &isnull)))
+	{
+		SPI_finish();
+		return;
+	}
+	if (SPI_execute(held_sql, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not count held events");
+	/* what is kept outlives SPI's memory */
+	spi = MemoryContextSwitchTo(outer);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *topic = SPI_getvalue(tup, desc, 1);
+		char	   *part = SPI_getvalue(tup, desc, 2);
+		char	   *events = SPI_getvalue(tup, desc, 3);
+
+		snap->held_events += DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+		snap->held_partitions++;
+		appendStringInfo(&json, "%s%s", i == 0 ? "[" : ", ", SPI_getvalue(tup, desc, 6));
+		/* Kafka topic names need no escaping in a label: [a-zA-Z0-9._-] */
+		appendStringInfo(&samples, ",topic=\"%s\",partition=\"%s\"} %s\n", topic, part, events);
+		if (i == 0)
+		{
+			snap->held_age = DatumGetFloat8(SPI_getbinval(tup, desc, 5, &isnull));
+			snap->oldest_hold = psprintf("%s[%s]", topic, part);
+		}
+	}
+	if (SPI_processed > 0)
+	{
+		appendStringInfoChar(&json, ']');
+		snap->holds = json.data;
+		snap->held_metrics = samples.data;
+	}
+	MemoryContextSwitchTo(spi);
 	SPI_finish();
 }
 
@@ -180,6 +258,7 @@ take_snapshot(StatusSnapshot *snap)
 		count_backlog_from_log(snap, now);
 	}
 	count_dead_letters(snap);
+	count_held(snap);
 	snap->backlog += snap->queued;
 }
 
@@ -223,7 +302,9 @@ state_name(const StatusSnapshot *snap)
 static void
 put(StatusRow *row, bool present, Datum value)
 {
-	Assert(row->n < STATUS_NATTS);
+	/* a database still on an older version has fewer columns */
+	if (row->n >= row->natts)
+		return;
 	row->values[row->n] = present ? value : (Datum) 0;
 	row->nulls[row->n] = !present;
 	row->n++;
@@ -247,6 +328,7 @@ outbox_status(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	memset(&row, 0, sizeof(row));
+	row.natts = Min(tupdesc->natts, STATUS_NATTS);
 	put(&row, true, CStringGetTextDatum(get_database_name(MyDatabaseId)));
 	put(&row, true, CStringGetTextDatum(state_name(&snap)));
 	put(&row, snap.running, Int32GetDatum(s->pid));
@@ -273,6 +355,9 @@ outbox_status(PG_FUNCTION_ARGS)
 	put(&row, p50 >= 0, Float8GetDatum(percentile(s->minute_latency, 0.99) * 1000));
 	put(&row, true, Int32GetDatum(s->page_size));
 	put(&row, snap.running, TimestampTzGetDatum(s->started_at));
+	put(&row, true, Int64GetDatum(snap.held_events));
+	put(&row, snap.holds != NULL,
+		snap.holds != NULL ? DirectFunctionCall1(jsonb_in, CStringGetDatum(snap.holds)) : (Datum) 0);
 	Assert(row.n == tupdesc->natts);
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, row.values, row.nulls)));
@@ -427,6 +512,21 @@ outbox_metrics(PG_FUNCTION_ARGS)
 		   i64(snap.quarantined));
 	metric(&buf, labels, "outbox_parked_events", "gauge", "Events waiting behind a quarantined one.",
 		   i64(snap.parked));
+	metric(&buf, labels, "outbox_held_partitions", "gauge", "Kafka partitions whose events the relay holds until they answer again.",
+		   psprintf("%d", snap.held_partitions));
+	metric(&buf, labels, "outbox_held_events", "gauge", "Events held for an unavailable partition, by topic and partition.",
+		   NULL);
+	if (snap.held_metrics != NULL)
+	{
+		char	   *line;
+		char	   *save = NULL;
+
+		for (line = strtok_r(snap.held_metrics, "\n", &save); line != NULL;
+			 line = strtok_r(NULL, "\n", &save))
+			appendStringInfo(&buf, "outbox_held_events{%s%s\n", labels, line);
+	}
+	metric(&buf, labels, "outbox_held_oldest_seconds", "gauge", "Age of the oldest hold (0 when none).",
+		   psprintf("%.3f", Max(snap.held_age, 0)));
 	metric(&buf, labels, "outbox_last_delivery_timestamp_seconds", "gauge", "Unix time of the last acknowledged event (0 never).",
 		   psprintf("%.3f", last_delivery));
 	metric(&buf, labels, "outbox_page_size", "gauge", "Events in the page the relay has in hand.",
@@ -458,7 +558,17 @@ judge_health(const StatusSnapshot *snap, double limit, const char **status)
 						snap->oldest_age, limit,
 						s->state == OUTBOX_RELAY_PAUSED ?
 						" (publishing is paused: outbox.enabled = off)" : "");
+	if (snap->held_age > limit)
+		return psprintf(INT64_FORMAT " events are held for %d unavailable Kafka partitions, "
+						"the oldest hold (%s) %.0f s old, over %.0f s",
+						snap->held_events, snap->held_partitions, snap->oldest_hold,
+						snap->held_age, limit);
 	*status = "warning";
+	if (snap->held_partitions > 0)
+		return psprintf(INT64_FORMAT " events are held for %d unavailable Kafka partitions, "
+						"the oldest hold (%s) %.0f s old",
+						snap->held_events, snap->held_partitions, snap->oldest_hold,
+						snap->held_age);
 	if (s->state == OUTBOX_RELAY_PAUSED)
 		return pstrdup("publishing is paused (outbox.enabled = off)");
 	if (snap->oldest_age > limit / 2)

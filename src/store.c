@@ -75,16 +75,6 @@
 	" FROM outbox.events e" \
 	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
 
-/*
- * The columns decode_event() reads, in its order.  Values come back binary
- * and are formatted in C: the payload's JSON text straight into the page,
- * the event id and occurred_at without output functions.
- */
-#define EVENT_COLUMNS \
-	"e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.seq," \
-	" e.event_type, e.schema_version, e.topic, e.key, e.payload, e.headers," \
-	" e.tenant, e.traceparent, e.occurred_at, e.created_at"
-#define EVENT_NCOLUMNS 15
 
 /* rows fetched from a page's cursor at a time: SPI holds no more at once */
 #define PAGE_FETCH_ROWS 1000
@@ -461,6 +451,7 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 		ev->queue_position = DatumGetInt64(v[EVENT_NCOLUMNS]);
 	ev->disposition = OUTBOX_EVENT_PENDING;
 	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
+	ev->partition = OUTBOX_PARTITION_UNSET;
 }
 
 /*
@@ -488,7 +479,7 @@ event_bytes(const OutboxEvent *ev)
 }
 
 /*
- * fetch_events
+ * OutboxStoreFetchEvents
  *		Decode the rows of portal (EVENT_COLUMNS, then for replays the queue
  *		position) into an array allocated in cxt, a
  *		chunk of rows at a time, until limit events or until the next one
@@ -498,8 +489,8 @@ event_bytes(const OutboxEvent *ev)
  *		in memory at once: the decoded page is bounded by max_bytes plus
  *		one event, which is decoded to be weighed, then released.
  */
-static int
-fetch_events(Portal portal, int limit, int64 max_bytes,
+int
+OutboxStoreFetchEvents(Portal portal, int limit, int64 max_bytes,
 			 OutboxEvent **events, MemoryContext cxt, bool *cut)
 {
 	OutboxEvent *evs;
@@ -557,7 +548,7 @@ fetch_events(Portal portal, int limit, int64 max_bytes,
  * OutboxStoreReadPage
  *		The next events of the open batch, in id order, copied into cxt:
  *		up to limit of them and, past the first, up to max_bytes of them
- *		(fetch_events).  Returns how many; *cut says the bytes ended the page
+ *		(OutboxStoreFetchEvents).  Returns how many; *cut says the bytes ended the page
  *		while the batch has more.
  */
 int
@@ -579,7 +570,7 @@ OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 							 values, nulls, true);
 	if (portal == NULL)
 		elog(ERROR, "could not read events: %s", SPI_result_code_string(SPI_result));
-	n = fetch_events(portal, limit, max_bytes, events, cxt, cut);
+	n = OutboxStoreFetchEvents(portal, limit, max_bytes, events, cxt, cut);
 	SPI_cursor_close(portal);
 	SPI_finish();
 	return n;
@@ -636,7 +627,7 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 /*
  * OutboxStoreReadReplays
  *		The next up to limit queued replays, in queue order, and at most
- *		outbox.batch_max_bytes of them past the first (fetch_events).
+ *		outbox.batch_max_bytes of them past the first (OutboxStoreFetchEvents).
  */
 int
 OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
@@ -658,7 +649,7 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 	if (portal == NULL)
 		elog(ERROR, "could not read the replay queue: %s", SPI_result_code_string(SPI_result));
 	/* what the bytes leave out stays queued for the next page */
-	n = fetch_events(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
+	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
 	SPI_cursor_close(portal);
 	SPI_finish();
 	return n;

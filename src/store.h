@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * store.h
- *		What the relay's SQL files (store.c, store_dead.c, store_upkeep.c)
+ *		What the relay's SQL files (store.c, store_dead.c, store_upkeep.c,
+ *		store_held.c)
  *		share among themselves; the rest of the extension sees only the
  *		OutboxStore functions declared in outbox.h.
  *
@@ -12,10 +13,27 @@
 
 #include "executor/spi.h"
 
+#include "outbox.h"
+
 extern SPIPlanPtr OutboxStorePrepare(const char *sql, int nargs, Oid *types,
 									 const char *what);
 extern void OutboxStoreRun(const char *sql, bool read_only, long count,
 						   int expected, const char *what);
 extern HeapTuple OutboxStoreRow(const char *sql, const char *what);
+extern int	OutboxStoreFetchEvents(Portal portal, int limit, int64 max_bytes,
+								   OutboxEvent **events, MemoryContext cxt,
+								   bool *cut);
+
+/*
+ * The columns store.c's decode_event() reads, in its order.  Values come back binary
+ * and are formatted in C: the payload's JSON text straight into the page,
+ * the event id and occurred_at without output functions.
+ */
+#define EVENT_COLUMNS \
+	"e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.seq," \
+	" e.event_type, e.schema_version, e.topic, e.key, e.payload, e.headers," \
+	" e.tenant, e.traceparent, e.occurred_at, e.created_at"
+#define EVENT_NCOLUMNS 15
+
 
 #endif							/* OUTBOX_STORE_H */

@@ -168,6 +168,34 @@ for my $from (@released)
 	is(relay_pid($node, $db), $pid, "$from: the same relay kept running across the upgrade");
 }
 
+# 1.4 makes status() again (two more columns): grants a site gave a
+# monitoring role on it and on its view survive the update, and the role
+# still reads it; grants it never had are not invented
+$node->safe_psql('postgres', 'CREATE ROLE watcher LOGIN');
+$node->safe_psql('postgres', 'CREATE ROLE bystander LOGIN');
+$node->safe_psql('postgres', 'CREATE DATABASE grants_kept');
+$node->safe_psql(
+	'grants_kept', q{
+CREATE EXTENSION outbox VERSION '1.3';
+GRANT USAGE ON SCHEMA outbox TO watcher, bystander;
+GRANT EXECUTE ON FUNCTION outbox.status() TO watcher;
+GRANT SELECT ON outbox.status TO watcher;
+ALTER EXTENSION outbox UPDATE;
+});
+is( $node->safe_psql(
+		'grants_kept', q{
+SELECT has_function_privilege('watcher', 'outbox.status()', 'EXECUTE'),
+       has_table_privilege('watcher', 'outbox.status', 'SELECT'),
+       has_function_privilege('bystander', 'outbox.status()', 'EXECUTE'),
+       has_table_privilege('bystander', 'outbox.status', 'SELECT'),
+       has_function_privilege('public', 'outbox.status()', 'EXECUTE')}),
+	't|t|f|f|f',
+	'1.3 to 1.4: the grants on status() and its view are carried over, and only those');
+my ($ret, $out, $err) = $node->psql('grants_kept', 'SELECT held_events FROM outbox.status',
+	extra_params => [ '-U', 'watcher' ]);
+is($out, '0', "1.3 to 1.4: the monitoring role reads the new status' held_events")
+  or diag $err;
+
 # one version at a time, from every released version more than one step
 # behind, the relay publishing throughout
 for my $i (0 .. $#versions - 2)

@@ -30,7 +30,7 @@ $node->safe_psql(
 	'shop', q{
 CREATE ROLE monitoring LOGIN;
 GRANT USAGE ON SCHEMA outbox TO monitoring;
-GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) TO monitoring;
+GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() TO monitoring;
 GRANT SELECT ON outbox.status TO monitoring;
 GRANT pg_monitor TO monitoring;
 CREATE ROLE writer LOGIN;
@@ -61,7 +61,9 @@ sub plant_traps
 		[ '=', 'oid', 'oid', 'boolean', 'a OPERATOR(pg_catalog.=) b' ],
 		[ '+', 'bigint', 'integer', 'bigint', 'a OPERATOR(pg_catalog.+) b' ],
 		[ '<', 'timestamptz', 'timestamptz', 'boolean', 'a OPERATOR(pg_catalog.<) b' ],
-		[ '-', 'timestamptz', 'interval', 'timestamptz', 'a OPERATOR(pg_catalog.-) b' ]);
+		[ '-', 'timestamptz', 'interval', 'timestamptz', 'a OPERATOR(pg_catalog.-) b' ],
+		[ '-', 'timestamptz', 'timestamptz', 'interval', 'a OPERATOR(pg_catalog.-) b' ],
+		[ '=', 'integer', 'integer', 'boolean', 'a OPERATOR(pg_catalog.=) b' ]);
 	my $n = 0;
 	for my $op (@ops)
 	{
@@ -86,9 +88,10 @@ CREATE OPERATOR $schema.$name (LEFTARG = $l, RIGHTARG = $r, FUNCTION = $schema.t
 	$node->safe_psql('shop', $sql);
 }
 
-# status() counts dead letters: give its query rows to compare
+# status() counts dead letters and held events: give its queries rows to compare
 $node->safe_psql(
 	'shop', q{
+INSERT INTO outbox.held (id, topic, kafka_partition) VALUES (1, 'outbox.event.order', 0), (2, 'outbox.event.order', 1);
 INSERT INTO outbox.dead_letters (event_id, event_pk, aggregate_type, aggregate_id, event_type, topic, state, envelope)
 VALUES (outbox.uuid_v7(), 1, 'order', 'o-9', 'order.confirmed', 'outbox.event.order', 'quarantined', '{}'),
        (outbox.uuid_v7(), 2, 'order', 'o-9', 'order.confirmed', 'outbox.event.order', 'parked', '{}');
@@ -109,6 +112,7 @@ my @calls = (
 	[ 'monitoring', 'the outbox.status view', 'SELECT count(*) FROM outbox.status' ],
 	[ 'monitoring', 'outbox.metrics()', 'SELECT length(outbox.metrics()) > 0' ],
 	[ 'monitoring', 'outbox.health()', "SELECT status FROM outbox.health('1 min')" ],
+	[ 'monitoring', 'outbox.holds()', 'SELECT count(*) FROM outbox.holds()' ],
 	[
 		'writer', 'outbox.emit()',
 		"SELECT outbox.emit('order', 'o-1', 'order.confirmed', '{\"total\": 1}') IS NOT NULL"

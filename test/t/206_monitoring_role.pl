@@ -48,7 +48,8 @@ my @reads = (
 	[ 'the view outbox.status', 'SELECT published FROM outbox.status', '1' ],
 	[ 'metrics()', q{SELECT outbox.metrics() ~ 'outbox_published_total\{database="postgres"\} 1'}, 't' ],
 	[ 'health()', 'SELECT status FROM outbox.health()', 'ok' ],
-	[ "health(max_age => '5 min')", q{SELECT status FROM outbox.health(max_age => '5 min')}, 'ok' ],);
+	[ "health(max_age => '5 min')", q{SELECT status FROM outbox.health(max_age => '5 min')}, 'ok' ],
+	[ 'holds()', 'SELECT count(*) FROM outbox.holds()', '0' ],);
 
 # like poll_until, as a role, against a pattern
 sub poll_until_as
@@ -78,7 +79,7 @@ foreach my $r (@reads)
 $node->safe_psql(
 	'postgres', q{
 GRANT USAGE ON SCHEMA outbox TO watcher;
-GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval) TO watcher;
+GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() TO watcher;
 GRANT SELECT ON outbox.status TO watcher;
 });
 foreach my $r (@reads)
@@ -94,7 +95,8 @@ unlike($out, qr/\Q$secret_payload\E|\Q$id\E/,
 foreach my $q (
 	[ 'outbox.events payloads', 'SELECT payload FROM outbox.events' ],
 	[ 'outbox.events at all', 'SELECT count(*) FROM outbox.events' ],
-	[ 'outbox.dead_letters', 'SELECT count(*) FROM outbox.dead_letters' ],)
+	[ 'outbox.dead_letters', 'SELECT count(*) FROM outbox.dead_letters' ],
+	[ 'outbox.held', 'SELECT count(*) FROM outbox.held' ],)
 {
 	($ok, $out, $err) = as_role('watcher', $q->[1]);
 	ok(!$ok && $err =~ /permission denied for table/,

@@ -1,0 +1,54 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka.h
+ *		The producer as kafka.c (its lifecycle, sends and callbacks) and
+ *		kafka_topic.c (the topics it met: partitions and partitioner) share
+ *		it.  Only these two files include rdkafka.h.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_KAFKA_H
+#define OUTBOX_KAFKA_H
+
+#include <librdkafka/rdkafka.h>
+
+#include "outbox.h"
+
+/* a key's partition, as librdkafka's partitioners compute it */
+typedef int32_t (*OutboxPartitioner) (const rd_kafka_topic_t *rkt,
+									  const void *key, size_t keylen,
+									  int32_t partition_cnt,
+									  void *rkt_opaque, void *msg_opaque);
+
+/* a topic the producer met: its handle and partition count */
+typedef struct OutboxTopicMemo
+{
+	rd_kafka_topic_t *rkt;
+	int32		partitions;		/* -1: not known (no metadata yet) */
+	TimestampTz counted_at;		/* when partitions was last learnt */
+} OutboxTopicMemo;
+
+struct OutboxProducer
+{
+	rd_kafka_t *rk;
+	int			pending;		/* produced, delivery report not yet served
+								 * (probes left out) */
+	char		error[256];		/* last error/log line worth reporting */
+	int			error_count;	/* errors since the relay last took one */
+	int			fatal_count;	/* of which of the fatal class (authentication, SSL) */
+	int			brokers_up;		/* from the last statistics, -1 unknown */
+	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
+	OutboxTopicMemo *topics;
+	TimestampTz metadata_paused_until;	/* no metadata fetch before */
+	OutboxPartitioner partitioner;	/* the configured one; NULL: unknown */
+	char	   *built_brokers;	/* the settings it was built from (malloc'd) */
+	char	   *built_config;
+	char	   *built_secrets;
+};
+
+/* kafka_topic.c */
+extern void OutboxKafkaChoosePartitioner(OutboxProducer *producer,
+										 rd_kafka_conf_t *conf);
+extern void OutboxKafkaForgetTopics(OutboxProducer *producer);
+
+#endif							/* OUTBOX_KAFKA_H */

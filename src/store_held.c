@@ -1,0 +1,273 @@
+/*-------------------------------------------------------------------------
+ *
+ * store_held.c
+ *		The relay's SQL for held partitions (outbox.held): record the events
+ *		of a held partition, read them back in id order, delete them once
+ *		delivered.
+ *
+ * Invariants:
+ *	- Each function runs inside the caller's transaction; a page's held
+ *	  rows are written in the transaction that records its progress
+ *	  (relay_page.c), so an event leaves the batch only as delivered, as a
+ *	  dead letter, or as a held row.
+ *	- A held row names its event in outbox.events by id; the event's row
+ *	  stays until its held row is gone (delivered_events() leaves it out).
+ *	- Held rows are read back by partition, in id order: a partition's
+ *	  events leave in the order they were emitted.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+#include "store.h"
+
+/*
+ * OutboxStoreHeldPresent
+ *		Whether outbox.held exists: a database still on 1.3 or older has
+ *		none until ALTER EXTENSION outbox UPDATE, and then nothing is held.
+ */
+bool
+OutboxStoreHeldPresent(void)
+{
+	HeapTuple	tup;
+	bool		isnull;
+	bool		present;
+
+	SPI_connect();
+	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.held') IS NOT NULL",
+						 "look for outbox.held");
+	present = DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return present;
+}
+
+/*
+ * OutboxStoreLoadHolds
+ *		Every held partition with its count of events and the oldest row's
+ *		time, into an array in cxt; returns how many.
+ */
+int
+OutboxStoreLoadHolds(OutboxHeldPartition **holds, MemoryContext cxt)
+{
+	uint64		i;
+	int			n;
+
+	SPI_connect();
+	OutboxStoreRun("SELECT h.topic, h.kafka_partition, pg_catalog.count(*), pg_catalog.min(h.held_at)"
+				   " FROM outbox.held h GROUP BY h.topic, h.kafka_partition",
+				   true, 0, SPI_OK_SELECT, "read held partitions");
+	n = (int) SPI_processed;
+	*holds = MemoryContextAllocZero(cxt, sizeof(OutboxHeldPartition) * Max(n, 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		char	   *topic = SPI_getvalue(tup, desc, 1);
+
+		(*holds)[i].topic = MemoryContextStrdup(cxt, topic);
+		(*holds)[i].partition = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		(*holds)[i].events = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+		(*holds)[i].since = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+	}
+	SPI_finish();
+	return n;
+}
+
+/* the ids of events[0..n) that keep is true of, as an int8[] (NULL: none) */
+static Datum
+event_ids(const OutboxEvent *events, int n, bool (*keep) (const OutboxEvent *),
+		  int *count)
+{
+	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
+	int			i;
+
+	*count = 0;
+	for (i = 0; i < n; i++)
+		if (keep(&events[i]))
+			ids[(*count)++] = Int64GetDatum(events[i].id);
+	if (*count == 0)
+		return (Datum) 0;
+	return PointerGetDatum(construct_array(ids, *count, INT8OID, 8, FLOAT8PASSBYVAL,
+										   TYPALIGN_DOUBLE));
+}
+
+/* held now, and not yet a row */
+static bool
+newly_held(const OutboxEvent *ev)
+{
+	return ev->disposition == OUTBOX_EVENT_HELD && !ev->was_held;
+}
+
+/*
+ * OutboxStoreHoldEvents
+ *		Record the events of a page newly held (disposition HELD, not read
+ *		from outbox.held) with their topic and partition.  Returns how many.
+ */
+int64
+OutboxStoreHoldEvents(const OutboxEvent *events, int n)
+{
+	Datum		values[3];
+	Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID};
+	Datum	   *topics;
+	Datum	   *parts;
+	int			count;
+	int			i;
+	int			j = 0;
+	int			rc;
+	int64		held;
+
+	values[0] = event_ids(events, n, newly_held, &count);
+	if (count == 0)
+		return 0;
+	topics = palloc(sizeof(Datum) * count);
+	parts = palloc(sizeof(Datum) * count);
+	for (i = 0; i < n; i++)
+		if (newly_held(&events[i]))
+		{
+			topics[j] = CStringGetTextDatum(events[i].topic);
+			parts[j++] = Int32GetDatum(events[i].partition);
+		}
+	values[1] = PointerGetDatum(construct_array(topics, count, TEXTOID, -1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(parts, count, INT4OID, 4, true, TYPALIGN_INT));
+
+	SPI_connect();
+	rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition)"
+							   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+							   " ON CONFLICT (id) DO NOTHING",
+							   3, types, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "could not record held events: %s", SPI_result_code_string(rc));
+	held = (int64) SPI_processed;
+	SPI_finish();
+	return held;
+}
+
+/* read from outbox.held, and settled otherwise than by being held again */
+static bool
+released(const OutboxEvent *ev)
+{
+	return ev->was_held && ev->disposition != OUTBOX_EVENT_HELD &&
+		ev->disposition != OUTBOX_EVENT_PENDING;
+}
+
+/*
+ * OutboxStoreReleaseHeld
+ *		Delete the held rows of a drained page's events that are settled
+ *		(delivered, quarantined, parked).  Returns how many.
+ */
+int64
+OutboxStoreReleaseHeld(const OutboxEvent *events, int n)
+{
+	Datum		values[1];
+	Oid			types[1] = {INT8ARRAYOID};
+	int			count;
+	int			rc;
+	int64		gone;
+
+	values[0] = event_ids(events, n, released, &count);
+	if (count == 0)
+		return 0;
+	SPI_connect();
+	rc = SPI_execute_with_args("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
+							   1, types, values, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not delete held events: %s", SPI_result_code_string(rc));
+	gone = (int64) SPI_processed;
+	SPI_finish();
+	return gone;
+}
+
+/*
+ * OutboxStoreReadHeld
+ *		The oldest up to limit held events of one partition, in id order,
+ *		and at most outbox.batch_max_bytes of them past the first, into cxt;
+ *		each is sent to that partition.  Returns how many.
+ */
+int
+OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
+					OutboxEvent **events, MemoryContext cxt)
+{
+	Datum		values[3];
+	Oid			types[3] = {TEXTOID, INT4OID, INT4OID};
+	Portal		portal;
+	bool		cut;
+	int			n;
+	int			i;
+
+	values[0] = CStringGetTextDatum(topic);
+	values[1] = Int32GetDatum(partition);
+	values[2] = Int32GetDatum(limit);
+	SPI_connect();
+	portal = SPI_cursor_open_with_args(NULL,
+									   "SELECT " EVENT_COLUMNS
+									   " FROM outbox.held h"
+									   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) h.id"
+									   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
+									   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2"
+									   " ORDER BY h.id LIMIT $3",
+									   3, types, values, NULL, true, 0);
+	if (portal == NULL)
+		elog(ERROR, "could not read held events: %s", SPI_result_code_string(SPI_result));
+	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
+	SPI_cursor_close(portal);
+	SPI_finish();
+	for (i = 0; i < n; i++)
+	{
+		(*events)[i].was_held = true;
+		(*events)[i].partition = partition;
+	}
+	return n;
+}
+
+/* OutboxStoreDeleteHeld: a probe was acknowledged; its row goes */
+void
+OutboxStoreDeleteHeld(int64 id)
+{
+	Datum		values[1];
+	Oid			types[1] = {INT8OID};
+	int			rc;
+
+	values[0] = Int64GetDatum(id);
+	SPI_connect();
+	rc = SPI_execute_with_args("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) $1",
+							   1, types, values, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not delete a held event: %s", SPI_result_code_string(rc));
+	SPI_finish();
+}
+
+/*
+ * OutboxStoreEndHold
+ *		A partition's drain read nothing more: delete what is left of its
+ *		rows, which can only be rows whose event is gone (deleted by hand).
+ *		Returns how many.
+ */
+int64
+OutboxStoreEndHold(const char *topic, int32 partition)
+{
+	Datum		values[2];
+	Oid			types[2] = {TEXTOID, INT4OID};
+	int			rc;
+	int64		gone;
+
+	values[0] = CStringGetTextDatum(topic);
+	values[1] = Int32GetDatum(partition);
+	SPI_connect();
+	rc = SPI_execute_with_args("DELETE FROM outbox.held h"
+							   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
+							   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2",
+							   2, types, values, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "could not end a hold: %s", SPI_result_code_string(rc));
+	gone = (int64) SPI_processed;
+	SPI_finish();
+	return gone;
+}
