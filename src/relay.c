@@ -427,8 +427,11 @@ step_read(Relay *r)
 		r->replays_due = true;
 		r->batch_seen_valid = false;
 		r->blocked_stale = true;
-		/* a restore's rows wake the relay the same way */
+		/* a restore's rows wake the relay the same way, held ones too */
 		OutboxRelayAdoptRestored(r);
+		OutboxRelayBeginTxn("reading held partitions");
+		OutboxRelayLoadHolds(r);
+		OutboxRelayEndTxn(r);
 	}
 	if (r->replays_due)
 	{

@@ -109,7 +109,9 @@ end_hold(Relay *r, RelayHold *h)
 
 /*
  * OutboxRelayLoadHolds
- *		Start-up: the holds outbox.held keeps from before.  In a transaction.
+ *		The holds outbox.held keeps that the relay does not know of: at
+ *		start-up, and after a restore may have brought some.  In a
+ *		transaction.
  */
 void
 OutboxRelayLoadHolds(Relay *r)
@@ -131,7 +133,7 @@ OutboxRelayLoadHolds(Relay *r)
 		ereport(LOG,
 				(errmsg("outbox relay: holding topic \"%s\" partition %d", rows[i].topic,
 						rows[i].partition),
-				 errdetail("outbox.held keeps " INT64_FORMAT " of its events from before the relay started; they are sent first once the partition answers.",
+				 errdetail("outbox.held keeps " INT64_FORMAT " of its events; they are sent first once the partition answers.",
 						   rows[i].events)));
 	}
 }
@@ -202,7 +204,8 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 	{
 		OutboxEvent *ev = &pg->events[i];
 
-		if (ev->in_flight)
+		/* held already: withdrawn, its purge report not yet served */
+		if (ev->in_flight && ev->disposition == OUTBOX_EVENT_PENDING)
 		{
 			if (ev->partition < 0)
 				return false;
@@ -230,7 +233,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 	}
 
 	for (i = 0; i < pg->n; i++)
-		if (pg->events[i].in_flight)
+		if (pg->events[i].in_flight && pg->events[i].disposition == OUTBOX_EVENT_PENDING)
 			hold_partition(r, &pg->events[i], now);
 	OutboxProducerPurge(r->producer);
 	for (i = 0; i < pg->n; i++)
