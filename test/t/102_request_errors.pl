@@ -42,13 +42,17 @@ usleep(2_000_000);
 my $probe_n = 0;
 
 # Emits a probe event and returns how long it took to show up in Kafka.
+# librdkafka from 2.3 on backs a retried request off exponentially
+# (retry.backoff.ms 100 ms up to retry.backoff.max.ms, 1 s), and
+# REQUEST_TIMED_OUT is retried that way: 50 of them take about 46 s there
+# (about 5 s on 2.0), so the probe may take that long.
 sub probe
 {
 	my $t = time();
 	$probe_n++;
 	my $probe = $node->safe_psql('postgres',
 		"SELECT outbox.emit('drill', 'probe', 'drill.probed', '{\"n\": $probe_n}')");
-	my $msgs = wait_for_events($kafka, $DRILL_TOPIC, [$probe], 30);
+	my $msgs = wait_for_events($kafka, $DRILL_TOPIC, [$probe], 90);
 	return event_ids_of($msgs)->{$probe} ? time() - $t : undef;
 }
 
