@@ -388,15 +388,13 @@ CREATE FUNCTION outbox.status(
 	OUT latency_p95_ms			double precision,
 	OUT latency_p99_ms			double precision,
 	OUT page_size				integer,
-	OUT started_at				timestamptz,
-	OUT held_events				bigint,
-	OUT holds					jsonb)
+	OUT started_at				timestamptz)
 RETURNS record
 AS 'MODULE_PATHNAME', 'outbox_status'
 LANGUAGE C VOLATILE STRICT SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION outbox.status() IS
-	'State, backlog, age, throughput, errors, publish latency and held partitions of this database''s relay';
+	'State, backlog, age, throughput, errors and publish latency of this database''s relay';
 
 CREATE VIEW outbox.status AS SELECT * FROM outbox.status();
 COMMENT ON VIEW outbox.status IS 'outbox.status() as a view';

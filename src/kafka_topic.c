@@ -33,7 +33,7 @@
 #define TOPIC_METADATA_TIMEOUT_MS 250
 #define TOPIC_METADATA_PAUSE_MS 5000
 #define TOPIC_RECOUNT_MS		(5 * 60 * 1000)
-#define TOPIC_RETRY_MS			1000	/* partitions still unknown */
+#define TOPIC_RETRY_MS			5000	/* partitions still unknown */
 #define TOPIC_CACHE_MAX 1024
 
 /*

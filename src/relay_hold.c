@@ -150,7 +150,8 @@ OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev)
 {
 	if (pg->drain != NULL || pg->replay)
 		return RELAY_EVENT_SEND;
-	if (ev->partition == OUTBOX_PARTITION_UNSET)
+	/* asked again each round while unknown: the topic's metadata may come */
+	if (ev->partition < 0)
 		(void) OutboxProducerPartition(r->producer, ev);
 	if (r->holds == NIL)
 		return RELAY_EVENT_SEND;
@@ -242,7 +243,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 
 		if (ev->disposition != OUTBOX_EVENT_PENDING || ev->delivery_err == 0)
 			continue;
-		if (ev->partition == OUTBOX_PARTITION_UNSET)
+		if (ev->partition < 0)
 			(void) OutboxProducerPartition(r->producer, ev);
 		if (ev->partition >= 0 && find_hold(r, ev->topic, ev->partition) != NULL)
 		{
@@ -256,8 +257,8 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 /*
  * OutboxRelayServeProbes
  *		After the producer was served: an acknowledged probe lets its hold
- *		drain; a failed one (a purge withdrew it, or librdkafka refused it)
- *		is sent again later.
+ *		drain, and so does one refused for good (the drain settles it); one
+ *		that failed otherwise (a purge withdrew it) is sent again later.
  */
 void
 OutboxRelayServeProbes(Relay *r)
@@ -278,6 +279,15 @@ OutboxRelayServeProbes(Relay *r)
 			h->answered = true;
 			h->answered_id = h->probe->id;
 			r->last_ack_at = now;
+		}
+		else if (h->probe->last_class != OUTBOX_ERROR_TRANSIENT)
+		{
+			/*
+			 * The partition answered, with a refusal of the event itself
+			 * (too large, not authorized): the drain sends it again, and
+			 * settles it as any page does (attempts, quarantine).
+			 */
+			h->answered = true;
 		}
 		else
 			h->next_probe = TimestampTzPlusMilliseconds(now, HOLD_PROBE_RETRY_MS);

@@ -44,15 +44,15 @@ typedef struct StatusSnapshot
 	int64		held_events;	/* rows of outbox.held */
 	int			held_partitions;
 	double		held_age;		/* seconds since the oldest hold began, < 0 none */
-	char	   *holds;			/* held partitions as a JSON array, NULL none */
+	double		held_oldest_age;	/* age of the oldest held event, < 0 none */
 	char	   *held_metrics;	/* their outbox_held_events samples (labels
 								 * after the database's) */
 	char	   *oldest_hold;	/* "topic[partition]" of the oldest hold */
 	char	   *no_relay;		/* why no relay runs, when none does */
 } StatusSnapshot;
 
-/* status()'s columns, in its OUT order (25 before 1.4) */
-#define STATUS_NATTS 27
+/* status()'s columns, in its OUT order */
+#define STATUS_NATTS 25
 
 /* a row being filled column by column */
 typedef struct StatusRow
@@ -60,7 +60,6 @@ typedef struct StatusRow
 	Datum		values[STATUS_NATTS];
 	bool		nulls[STATUS_NATTS];
 	int			n;
-	int			natts;			/* the installed version's columns */
 } StatusRow;
 
 static void
@@ -107,19 +106,19 @@ count_dead_letters(StatusSnapshot *snap)
 }
 
 /*
- * Held partitions, from outbox.held (none before 1.4): how many events,
- * the partitions as JSON for status(), their samples for metrics(), the
- * oldest for health().  The table holds rows only while a partition is
- * held, so this reads nothing in the usual case.
+ * Held partitions, from outbox.held (none before 1.4): how many events and
+ * the oldest one's age, which join the backlog and its age; the samples of
+ * metrics(); the oldest hold for health().  The table holds rows only while
+ * a partition is held, so this reads nothing in the usual case.
  */
 static const char *const held_sql =
-"SELECT s.topic, s.kafka_partition, s.events, s.since,"
+"SELECT s.topic, s.kafka_partition, s.events,"
 " pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.since),"
-" pg_catalog.jsonb_build_object('topic', s.topic, 'partition', s.kafka_partition,"
-"  'events', s.events, 'since', s.since)::text"
+" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at)"
 " FROM (SELECT h.topic, h.kafka_partition, pg_catalog.count(*) AS events,"
-"  pg_catalog.min(h.held_at) AS since"
+"  pg_catalog.min(h.held_at) AS since, pg_catalog.min(h.id) AS first"
 "  FROM outbox.held h GROUP BY h.topic, h.kafka_partition) s"
+" LEFT JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) s.first"
 " ORDER BY s.since, s.topic, s.kafka_partition";
 
 static void
@@ -127,13 +126,12 @@ count_held(StatusSnapshot *snap)
 {
 	bool		isnull;
 	uint64		i;
-	StringInfoData json;
 	StringInfoData samples;
 	MemoryContext outer = CurrentMemoryContext;
 	MemoryContext spi;
 
 	snap->held_age = -1;
-	initStringInfo(&json);
+	snap->held_oldest_age = -1;
 	initStringInfo(&samples);
 	SPI_connect();
 	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.held') IS NOT NULL",
@@ -155,23 +153,22 @@ count_held(StatusSnapshot *snap)
 		char	   *part = SPI_getvalue(tup, desc, 2);
 		char	   *events = SPI_getvalue(tup, desc, 3);
 
+		Datum		oldest = SPI_getbinval(tup, desc, 5, &isnull);
+
+		if (!isnull)
+			snap->held_oldest_age = Max(snap->held_oldest_age, DatumGetFloat8(oldest));
 		snap->held_events += DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
 		snap->held_partitions++;
-		appendStringInfo(&json, "%s%s", i == 0 ? "[" : ", ", SPI_getvalue(tup, desc, 6));
 		/* Kafka topic names need no escaping in a label: [a-zA-Z0-9._-] */
 		appendStringInfo(&samples, ",topic=\"%s\",partition=\"%s\"} %s\n", topic, part, events);
 		if (i == 0)
 		{
-			snap->held_age = DatumGetFloat8(SPI_getbinval(tup, desc, 5, &isnull));
+			snap->held_age = DatumGetFloat8(SPI_getbinval(tup, desc, 4, &isnull));
 			snap->oldest_hold = psprintf("%s[%s]", topic, part);
 		}
 	}
 	if (SPI_processed > 0)
-	{
-		appendStringInfoChar(&json, ']');
-		snap->holds = json.data;
 		snap->held_metrics = samples.data;
-	}
 	MemoryContextSwitchTo(spi);
 	SPI_finish();
 }
@@ -259,7 +256,9 @@ take_snapshot(StatusSnapshot *snap)
 	}
 	count_dead_letters(snap);
 	count_held(snap);
-	snap->backlog += snap->queued;
+	/* held events wait too: they count in the backlog and its age */
+	snap->backlog += snap->queued + snap->held_events;
+	snap->oldest_age = Max(snap->oldest_age, snap->held_oldest_age);
 }
 
 /*
@@ -302,9 +301,7 @@ state_name(const StatusSnapshot *snap)
 static void
 put(StatusRow *row, bool present, Datum value)
 {
-	/* a database still on an older version has fewer columns */
-	if (row->n >= row->natts)
-		return;
+	Assert(row->n < STATUS_NATTS);
 	row->values[row->n] = present ? value : (Datum) 0;
 	row->nulls[row->n] = !present;
 	row->n++;
@@ -328,7 +325,6 @@ outbox_status(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	memset(&row, 0, sizeof(row));
-	row.natts = Min(tupdesc->natts, STATUS_NATTS);
 	put(&row, true, CStringGetTextDatum(get_database_name(MyDatabaseId)));
 	put(&row, true, CStringGetTextDatum(state_name(&snap)));
 	put(&row, snap.running, Int32GetDatum(s->pid));
@@ -355,9 +351,6 @@ outbox_status(PG_FUNCTION_ARGS)
 	put(&row, p50 >= 0, Float8GetDatum(percentile(s->minute_latency, 0.99) * 1000));
 	put(&row, true, Int32GetDatum(s->page_size));
 	put(&row, snap.running, TimestampTzGetDatum(s->started_at));
-	put(&row, true, Int64GetDatum(snap.held_events));
-	put(&row, snap.holds != NULL,
-		snap.holds != NULL ? DirectFunctionCall1(jsonb_in, CStringGetDatum(snap.holds)) : (Datum) 0);
 	Assert(row.n == tupdesc->natts);
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, row.values, row.nulls)));

@@ -246,9 +246,9 @@ OutboxStoreDeleteHeld(int64 id)
 
 /*
  * OutboxStoreEndHold
- *		A partition's drain read nothing more: delete what is left of its
- *		rows, which can only be rows whose event is gone (deleted by hand).
- *		Returns how many.
+ *		A partition's drain read nothing more: delete its rows whose event
+ *		is gone (deleted by hand), and only those, so that a row committed
+ *		meanwhile (a restore) stays.  Returns how many.
  */
 int64
 OutboxStoreEndHold(const char *topic, int32 partition)
@@ -263,7 +263,9 @@ OutboxStoreEndHold(const char *topic, int32 partition)
 	SPI_connect();
 	rc = SPI_execute_with_args("DELETE FROM outbox.held h"
 							   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
-							   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2",
+							   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2"
+							   " AND NOT EXISTS (SELECT 1 FROM outbox.events e"
+							   "  WHERE e.id OPERATOR(pg_catalog.=) h.id)",
 							   2, types, values, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "could not end a hold: %s", SPI_result_code_string(rc));

@@ -3,7 +3,10 @@
 # Each new topic used to cost a blocking metadata call of up to 1 s with no
 # look at signals in between: over half an hour deaf to SIGTERM.  Now DROP
 # DATABASE (which stops the database's relay at once) and a fast server
-# stop complete within outbox.shutdown_timeout + 1 s.
+# stop complete within outbox.shutdown_timeout + 2 s: the relay leaves its
+# loop by the timeout, then librdkafka's teardown takes its share (about
+# 0.1 s on librdkafka 2.0; on Debian 13's 2.8 with the brokers down, up to
+# 1.1 s on a loaded machine).
 
 use strict;
 use warnings;
@@ -20,7 +23,7 @@ use OutboxTest;
 
 my $topics = 2000;
 my $shutdown_timeout = 1;              # seconds
-my $budget = $shutdown_timeout + 1;    # seconds
+my $budget = $shutdown_timeout + 2;    # seconds
 
 my $kafka = OutboxTest::Broker->start(brokers => 3);
 my $node = outbox_node('manytopics', $kafka,
@@ -58,7 +61,7 @@ my $took = time() - $t0;
 is($rc, 0, 'DROP DATABASE succeeds while the brokers are down')
   or diag($err);
 cmp_ok($took, '<', $budget,
-	sprintf('DROP DATABASE takes %.2f s: less than outbox.shutdown_timeout + 1 s', $took));
+	sprintf('DROP DATABASE takes %.2f s: less than outbox.shutdown_timeout + 2 s', $took));
 
 # Stops the server fast; returns (pg_ctl's status, seconds taken).
 sub timed_stop
@@ -84,7 +87,7 @@ stuck_page('postgres');
 ($rc, $took) = timed_stop();
 is($rc, 0, 'pg_ctl stop -m fast succeeds while the brokers are down');
 cmp_ok($took, '<', $budget,
-	sprintf('the fast stop takes %.2f s: less than outbox.shutdown_timeout + 1 s', $took));
+	sprintf('the fast stop takes %.2f s: less than outbox.shutdown_timeout + 2 s', $took));
 
 # --- slow brokers: each metadata answer takes 200 ms and arrives; the
 # page of 2,000 topics, unrecorded, is sent again after the restart
@@ -100,6 +103,6 @@ $node->safe_psql('postgres', 'CHECKPOINT');
 ($rc, $took) = timed_stop();
 is($rc, 0, 'pg_ctl stop -m fast succeeds while the brokers are slow');
 cmp_ok($took, '<', $budget,
-	sprintf('the fast stop takes %.2f s: less than outbox.shutdown_timeout + 1 s', $took));
+	sprintf('the fast stop takes %.2f s: less than outbox.shutdown_timeout + 2 s', $took));
 
 done_testing();
