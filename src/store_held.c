@@ -189,7 +189,9 @@ OutboxStoreReleaseHeld(const OutboxEvent *events, int n)
  * OutboxStoreReadHeld
  *		The oldest up to limit held events of one partition, in id order,
  *		and at most outbox.batch_max_bytes of them past the first, into cxt;
- *		each is sent to that partition.  Returns how many.
+ *		each is sent to that partition.  Returns how many.  Not read-only:
+ *		the cursor must see the probe's row deleted just before in the same
+ *		transaction (a read-only one keeps the older command's view).
  */
 int
 OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
@@ -213,7 +215,7 @@ OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 									   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
 									   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2"
 									   " ORDER BY h.id LIMIT $3",
-									   3, types, values, NULL, true, 0);
+									   3, types, values, NULL, false, 0);
 	if (portal == NULL)
 		elog(ERROR, "could not read held events: %s", SPI_result_code_string(SPI_result));
 	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);

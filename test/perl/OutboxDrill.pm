@@ -345,7 +345,9 @@ events of aggregate type drill for aggregates "<prefix><n>", n random in
 1..aggregates (locked in a fixed order so emitters cannot deadlock; both
 may be the same aggregate) and records their ids in drill_committed.
 Params: seconds (30), rate (100), clients (4), aggregates (200), prefix
-("a-"), payload_bytes (filler per payload, 50).
+("a-"), payload_bytes (filler per payload, 50), types (["drill"]: with
+several, each transaction draws one aggregate type, so under the default
+template one topic, and emits its two events for aggregates of it).
 
 =cut
 
@@ -359,18 +361,23 @@ sub start
 	my $naggs = $p{aggregates} // 200;
 	my $prefix = $p{prefix} // 'a-';
 	my $filler = 'x' x ($p{payload_bytes} // 50);
+	my @types = @{ $p{types} // ['drill'] };
+	my $type_sql = @types == 1 ? "'$types[0]'"
+	  : 'ARRAY[' . join(',', map { "'$_'" } @types) . '][:t]';
 	my $script = "$dir/load.sql";
 	my $one = sub {
 		my ($var) = @_;
 		return
 		    "INSERT INTO drill_committed (event_id, aggregate_id)"
-		  . " SELECT outbox.emit('drill', '$prefix' || :$var, 'drill.ticked',"
+		  . " SELECT outbox.emit($type_sql, '$prefix' || :$var, 'drill.ticked',"
 		  . " jsonb_build_object('client', :client_id, 'n', :$var, 'filler', '$filler')),"
 		  . " '$prefix' || :$var;\n";
 	};
 
+	my $draw_type = @types > 1 ? "\\set t random(1, " . scalar(@types) . ")\n" : '';
 	open my $fh, '>', $script or croak "could not write $script: $!";
-	print $fh "\\set a random(1, $naggs)\n\\set b random(1, $naggs)\n"
+	print $fh $draw_type
+	  . "\\set a random(1, $naggs)\n\\set b random(1, $naggs)\n"
 	  . "\\set lo least(:a, :b)\n\\set hi greatest(:a, :b)\n"
 	  . "BEGIN;\n"
 	  . $one->('lo')
@@ -400,7 +407,7 @@ done},
 	$self->{handle} = IPC::Run::start([ 'bash', '-c', $loop ],
 		'<', \undef, '>', \$self->{out}, '2>', \$self->{err});
 	note "load: $clients clients, $rate transactions/s (2 events each), $seconds s,"
-	  . " $naggs aggregates $prefix*";
+	  . " $naggs aggregates $prefix*" . (@types > 1 ? " of each type (@types)" : '');
 	return $self;
 }
 
@@ -448,6 +455,409 @@ sub errors
 	my $file = "$self->{dir}/pgbench.err";
 
 	return -e $file ? slurp_file($file) : '';
+}
+
+=pod
+
+=back
+
+=cut
+
+1;
+
+# ---------------------------------------------------------------------------
+# The partition-hold drills (112, 309): where a key lands, a consumer that
+# notes when each event arrives, latency percentiles, and the relay's holds
+# as its own functions and its log show them.
+
+package OutboxDrill;
+
+use strict;
+use warnings;
+
+# appended after the list above, so that the subs above stay as they were
+push @OutboxDrill::EXPORT, qw(
+  java_partition
+  percentile
+  commit_times
+  holds_of
+  held_metrics
+  hold_log_lines
+  probe_ids
+  note_duplicates
+);
+
+=pod
+
+=head1 PARTITION HOLDS
+
+=over
+
+=item java_partition(key, partitions)
+
+The partition Java's default partitioner (and librdkafka's murmur2 and
+murmur2_random, for a non-empty key) gives key: murmur2 of its bytes,
+made positive, modulo partitions.  Computed here, not asked of a client,
+so that a drill can choose keys for a partition before any is sent.
+
+=cut
+
+# (a * b) mod 2^32 without leaving the range where Perl's numbers are exact
+sub mul32
+{
+	my ($a, $b) = @_;
+
+	return (($a * ($b & 0xffff)) + ((($a * ($b >> 16)) & 0xffff) << 16))
+	  & 0xffffffff;
+}
+
+sub murmur2
+{
+	my ($data) = @_;
+	my $m = 0x5bd1e995;
+
+	utf8::encode($data) if utf8::is_utf8($data);
+	my @b = unpack('C*', $data);
+	my $h = (0x9747b28c ^ scalar(@b)) & 0xffffffff;
+	my $i = 0;
+	for (; $i + 4 <= @b; $i += 4)
+	{
+		my $k = $b[$i] | ($b[ $i + 1 ] << 8) | ($b[ $i + 2 ] << 16)
+		  | ($b[ $i + 3 ] << 24);
+		$k = mul32($k, $m);
+		$k ^= $k >> 24;
+		$k = mul32($k, $m);
+		$h = mul32($h, $m) ^ $k;
+	}
+	my $rest = @b - $i;
+	$h ^= $b[ $i + 2 ] << 16 if $rest >= 3;
+	$h ^= $b[ $i + 1 ] << 8 if $rest >= 2;
+	$h = mul32($h ^ $b[$i], $m) if $rest >= 1;
+	$h ^= $h >> 13;
+	$h = mul32($h, $m);
+	$h ^= $h >> 15;
+	return $h;
+}
+
+sub java_partition
+{
+	my ($key, $partitions) = @_;
+
+	return (murmur2($key) & 0x7fffffff) % $partitions;
+}
+
+=pod
+
+=item percentile(values, p)
+
+The p-th percentile (nearest rank) of the numbers in the array
+reference values; undef when it is empty.
+
+=cut
+
+sub percentile
+{
+	my ($values, $p) = @_;
+	my @sorted = sort { $a <=> $b } @$values;
+
+	return undef unless @sorted;
+	my $rank = int($p / 100 * @sorted + 0.999999);
+	$rank = 1 if $rank < 1;
+	return $sorted[ $rank - 1 ];
+}
+
+=pod
+
+=item commit_times(node, dbname [, where])
+
+A hash reference: event id => when the application committed it
+(drill_committed.committed_at, Unix seconds), for the rows matching the
+SQL condition where, when given.
+
+=cut
+
+sub commit_times
+{
+	my ($node, $dbname, $where) = @_;
+	my $out = $node->safe_psql($dbname,
+		    'SELECT event_id, extract(epoch FROM committed_at) FROM drill_committed'
+		  . (defined $where ? " WHERE $where" : ''));
+	my %t;
+
+	foreach my $line (split /\n/, $out)
+	{
+		my ($id, $at) = split /\|/, $line;
+		$t{$id} = $at;
+	}
+	return \%t;
+}
+
+=pod
+
+=item holds_of(node, dbname)
+
+outbox.holds() as an array reference of hashes { topic, kafka_partition,
+events, held_since }, in topic and partition order.
+
+=cut
+
+sub holds_of
+{
+	my ($node, $dbname) = @_;
+
+	return OutboxTest::query_json($node, $dbname,
+		q{SELECT coalesce(json_agg(h ORDER BY h.topic, h.kafka_partition), '[]')
+  FROM outbox.holds() h});
+}
+
+=pod
+
+=item held_metrics(node, dbname)
+
+What outbox.metrics() says of holds: { partitions =>
+outbox_held_partitions, oldest => outbox_held_oldest_seconds (each undef
+when absent), events => { "topic/partition" => outbox_held_events } }.
+
+=cut
+
+sub held_metrics
+{
+	my ($node, $dbname) = @_;
+	my $text = $node->safe_psql($dbname, 'SELECT outbox.metrics()');
+	my %m = (events => {});
+
+	foreach my $line (split /\n/, $text)
+	{
+		if ($line =~ /^outbox_held_partitions\{[^}]*\} (\S+)$/)
+		{
+			$m{partitions} = $1;
+		}
+		elsif ($line =~ /^outbox_held_oldest_seconds\{[^}]*\} (\S+)$/)
+		{
+			$m{oldest} = $1;
+		}
+		elsif ($line =~
+			/^outbox_held_events\{(?=[^}]*topic="([^"]*)")(?=[^}]*partition="(\d+)")[^}]*\} (\S+)$/
+		  )
+		{
+			$m{events}{"$1/$2"} = $3;
+		}
+	}
+	return \%m;
+}
+
+=pod
+
+=item probe_ids(node, dbname)
+
+A hash reference whose keys are the event ids of the oldest held event of
+each held partition: the one the relay probes the partition with, and
+the first of its drain.
+
+=cut
+
+sub probe_ids
+{
+	my ($node, $dbname) = @_;
+	my $out = $node->safe_psql(
+		$dbname, q{
+SELECT e.event_id FROM outbox.events e
+ WHERE e.id IN (SELECT min(id) FROM outbox.held GROUP BY topic, kafka_partition)});
+
+	return { map { $_ => 1 } split /\n/, $out };
+}
+
+=pod
+
+=item note_duplicates(what, messages, probes)
+
+Notes how many events the messages hold more than once, and how many of
+those are among the keys of probes (probe_ids taken before the drain):
+a duplicate per hold points at the probe being sent again.
+
+=cut
+
+sub note_duplicates
+{
+	my ($what, $msgs, $probes) = @_;
+	my $copies = OutboxTest::event_ids_of($msgs);
+	my @dup = grep { $copies->{$_} > 1 } keys %$copies;
+
+	note sprintf('%s: %d events arrived more than once, %d of them a hold\'s probe (%d holds)',
+		$what, scalar(@dup), scalar(grep { $probes->{$_} } @dup),
+		scalar(keys %$probes));
+	return;
+}
+
+=pod
+
+=item hold_log_lines(node, offset)
+
+The relay's hold lines in the server log from byte offset on: { holding
+=> { "topic/partition" => lines }, released => { ... } }.
+
+=cut
+
+sub hold_log_lines
+{
+	my ($node, $offset) = @_;
+	my $log = PostgreSQL::Test::Utils::slurp_file($node->logfile, $offset);
+	my %l = (holding => {}, released => {});
+
+	while ($log =~ /outbox relay: (holding|released) topic "([^"]*)" partition (\d+)/g)
+	{
+		$l{$1}{"$2/$3"}++;
+	}
+	return \%l;
+}
+
+=pod
+
+=back
+
+=cut
+
+package OutboxDrill::Tail;
+
+use strict;
+use warnings;
+
+use Carp;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my @tails;
+
+=pod
+
+=head1 OutboxDrill::Tail
+
+=over
+
+=item OutboxDrill::Tail->start(broker, topic)
+
+A kcat consumer of topic from its beginning, left running, whose every
+message line is stamped with the time it reached this machine's reader
+(a second process reads kcat's unbuffered output and writes the time in
+front of each line to a file).  Latency measured on it is what a
+consumer sees, not what the producer was told.  Stopped at END.
+
+=cut
+
+sub start
+{
+	my ($class, $broker, $topic) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir('tail');
+	my $boot = ref $broker ? $broker->bootstrap : $broker;
+	my $self = bless { dir => $dir, file => "$dir/arrivals", topic => $topic },
+	  $class;
+
+	# short fetch waits and backoffs: an idle partition must not make the
+	# next message wait for the consumer's own timers
+	my @kcat = (
+		'kcat', '-C', '-u', '-q', '-b', $boot, '-t', $topic,
+		'-o', 'beginning',
+		'-X', 'fetch.wait.max.ms=20',
+		'-X', 'fetch.error.backoff.ms=20',
+		'-X', 'reconnect.backoff.ms=50',
+		'-X', 'reconnect.backoff.max.ms=500',
+		'-f', '%p %o %h\n');
+	my @stamp = ($^X, '-MTime::HiRes=time', '-ne',
+		'BEGIN { $| = 1 } printf "%.6f %s", time, $_');
+	$self->{handle} = IPC::Run::start(\@kcat, '<', \undef, '2>', "$dir/kcat.err",
+		'|', \@stamp, '>', $self->{file});
+	push @tails, $self;
+	note "tail consumer on $topic";
+	return $self;
+}
+
+=pod
+
+=item $tail->arrivals
+
+A hash reference: event id (the "id" header) => { at (first arrival, Unix
+seconds), partition, copies }.
+
+=cut
+
+sub arrivals
+{
+	my ($self) = @_;
+	my %a;
+
+	open my $fh, '<', $self->{file} or return {};
+	while (my $line = <$fh>)
+	{
+		# an unfinished last line is read at the next call
+		last unless $line =~ /\n\z/;
+		my ($at, $part, $offset, $hdrs) = $line =~ /^(\S+) (\d+) (\d+) (.*)$/
+		  or next;
+		my ($id) = $hdrs =~ /(?:^|,)id=([^,]+)/ or next;
+		if ($a{$id})
+		{
+			$a{$id}{copies}++;
+			next;
+		}
+		$a{$id} = { at => $at, partition => $part + 0, copies => 1 };
+	}
+	return \%a;
+}
+
+=pod
+
+=item $tail->wait_for(ids [, timeout])
+
+Waits until every id of the array reference ids has arrived; returns
+arrivals.  On timeout it fails the test and returns what arrived.
+
+=cut
+
+sub wait_for
+{
+	my ($self, $ids, $timeout) = @_;
+	my $deadline = time() + ($timeout // 60);
+	my ($a, @missing);
+
+	while (1)
+	{
+		$a = $self->arrivals;
+		@missing = grep { !$a->{$_} } @$ids;
+		return $a unless @missing;
+		last if time() > $deadline;
+		select(undef, undef, undef, 0.2);
+	}
+	fail("the tail consumer of $self->{topic} sees all " . scalar(@$ids)
+		  . " events (missing " . scalar(@missing) . ", e.g. $missing[0])");
+	return $a;
+}
+
+=pod
+
+=item $tail->stop
+
+Stops kcat and the stamping reader.
+
+=cut
+
+sub stop
+{
+	my ($self) = @_;
+
+	return unless $self->{handle};
+	$self->{handle}->kill_kill(grace => 2);
+	delete $self->{handle};
+	@tails = grep { $_ != $self } @tails;
+	return;
+}
+
+END
+{
+	my $status = $?;
+	my @all = @tails;
+	$_->stop foreach @all;
+	$? = $status;
 }
 
 =pod
