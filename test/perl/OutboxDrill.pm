@@ -363,7 +363,7 @@ sub start
 	my $filler = 'x' x ($p{payload_bytes} // 50);
 	my @types = @{ $p{types} // ['drill'] };
 	my $type_sql = @types == 1 ? "'$types[0]'"
-	  : 'ARRAY[' . join(',', map { "'$_'" } @types) . '][:t]';
+	  : '(ARRAY[' . join(',', map { "'$_'" } @types) . '])[:t]';
 	my $script = "$dir/load.sql";
 	my $one = sub {
 		my ($var) = @_;
