@@ -62,3 +62,26 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.delivered_events() IS
 	'Internal: the events the relay has delivered that no quarantined, parked or replaying dead letter and no hold keeps';
+
+/*
+ * The view outbox.status adds the held partitions, read as its owner: a
+ * role with SELECT on it and EXECUTE on status() sees them without any
+ * right on the table.  Replacing a view keeps its grants; the function
+ * status() is left alone, so the grants given on it stay too.
+ */
+CREATE OR REPLACE VIEW outbox.status AS
+SELECT s.*,
+	   COALESCE(h.held_events, 0) AS held_events,
+	   h.holds
+  FROM outbox.status() s
+ CROSS JOIN (SELECT pg_catalog.sum(g.events)::bigint AS held_events,
+					pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+						'topic', g.topic, 'partition', g.kafka_partition,
+						'events', g.events, 'since', g.since)
+						ORDER BY g.since, g.topic, g.kafka_partition) AS holds
+			   FROM (SELECT hp.topic, hp.kafka_partition, pg_catalog.count(*) AS events,
+							pg_catalog.min(hp.held_at) AS since
+					   FROM outbox.held hp
+					  GROUP BY hp.topic, hp.kafka_partition) g) h;
+COMMENT ON VIEW outbox.status IS
+	'outbox.status() as a view, with the partitions whose events are held';

@@ -396,8 +396,26 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION outbox.status() IS
 	'State, backlog, age, throughput, errors and publish latency of this database''s relay';
 
-CREATE VIEW outbox.status AS SELECT * FROM outbox.status();
-COMMENT ON VIEW outbox.status IS 'outbox.status() as a view';
+/*
+ * The view adds the held partitions, read as its owner: a role with SELECT
+ * on it and EXECUTE on status() sees them without any right on the table.
+ */
+CREATE VIEW outbox.status AS
+SELECT s.*,
+	   COALESCE(h.held_events, 0) AS held_events,
+	   h.holds
+  FROM outbox.status() s
+ CROSS JOIN (SELECT pg_catalog.sum(g.events)::bigint AS held_events,
+					pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+						'topic', g.topic, 'partition', g.kafka_partition,
+						'events', g.events, 'since', g.since)
+						ORDER BY g.since, g.topic, g.kafka_partition) AS holds
+			   FROM (SELECT hp.topic, hp.kafka_partition, pg_catalog.count(*) AS events,
+							pg_catalog.min(hp.held_at) AS since
+					   FROM outbox.held hp
+					  GROUP BY hp.topic, hp.kafka_partition) g) h;
+COMMENT ON VIEW outbox.status IS
+	'outbox.status() as a view, with the partitions whose events are held';
 
 CREATE FUNCTION outbox.metrics()
 RETURNS text

@@ -135,6 +135,14 @@ ok(poll_until($node, 'postgres', $held_list_sql, $want_drill, 20),
 	"outbox.holds() lists the partitions of broker $victim ($want_drill)");
 my $t_held = time();
 note sprintf('the hold was in place %.1f s after the broker went down', $t_held - $t_down);
+is( $node->safe_psql(
+		'postgres', q{
+SELECT coalesce(string_agg((x->>'topic') || '/' || (x->>'partition'), ','
+  ORDER BY x->>'topic', (x->>'partition')::int), '')
+  FROM outbox.status, jsonb_array_elements(holds) x
+ WHERE (x->>'events')::int > 0 AND x->>'since' IS NOT NULL}),
+	$want_drill,
+	'the view outbox.status names the same partitions in holds, with events and since');
 
 # wait for events to pile up before reading the figures
 usleep(3_000_000);

@@ -49,7 +49,8 @@ my @reads = (
 	[ 'metrics()', q{SELECT outbox.metrics() ~ 'outbox_published_total\{database="postgres"\} 1'}, 't' ],
 	[ 'health()', 'SELECT status FROM outbox.health()', 'ok' ],
 	[ "health(max_age => '5 min')", q{SELECT status FROM outbox.health(max_age => '5 min')}, 'ok' ],
-	[ 'holds()', 'SELECT count(*) FROM outbox.holds()', '0' ],);
+	[ 'holds()', 'SELECT count(*) FROM outbox.holds()', '0' ],
+	[ "the view's held partitions", q{SELECT held_events || coalesce(holds::text, '-') FROM outbox.status}, '0-' ],);
 
 # like poll_until, as a role, against a pattern
 sub poll_until_as
