@@ -15,7 +15,8 @@
  *	  page is read in one short transaction, published with none open, and
  *	  its progress saved in another short transaction.
  *	- A page counts as published only when every message of it has a
- *	  successful delivery report (or is quarantined or parked); only then
+ *	  successful delivery report (or is quarantined, parked, or held for a
+ *	  partition that does not answer: relay_hold.c); only then
  *	  is the progress row written, once per page, and only then is the next
  *	  page sent, so a crash re-sends at most one page.  What of a page
  *	  failed is sent again, in id order; a round not acknowledged within
