@@ -257,6 +257,8 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 
 	if (event != NULL)
 		record_outcome(event, (int) msg->err, false);
+	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		producer->all_down = false;
 	if (event == NULL || !event->probe)
 		producer->pending--;
 }
@@ -267,6 +269,8 @@ error_report(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	OutboxProducer *producer = (OutboxProducer *) opaque;
 
 	record_error(producer, "%s: %s", rd_kafka_err2name(err), reason);
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+		producer->all_down = true;
 	if (delivery_error_class(err) == OUTBOX_ERROR_FATAL)
 		producer->fatal_count++;
 }
@@ -307,6 +311,8 @@ stats_report(rd_kafka_t *rk, char *json, size_t len, void *opaque)
 			up++;
 	}
 	producer->brokers_up = up;
+	if (up > 0)
+		producer->all_down = false;
 	return 0;					/* librdkafka frees json */
 }
 
@@ -318,6 +324,17 @@ int
 OutboxProducerBrokersUp(OutboxProducer *producer)
 {
 	return producer->brokers_up;
+}
+
+/*
+ * OutboxProducerAllBrokersDown
+ *		Whether librdkafka reported every broker down (_ALL_BROKERS_DOWN)
+ *		and no acknowledgement or working connection came since.
+ */
+bool
+OutboxProducerAllBrokersDown(OutboxProducer *producer)
+{
+	return producer->all_down;
 }
 
 /* librdkafka judges one property of the secrets file (conf: its rd_kafka_conf_t) */

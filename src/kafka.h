@@ -37,6 +37,8 @@ struct OutboxProducer
 	int			error_count;	/* errors since the relay last took one */
 	int			fatal_count;	/* of which of the fatal class (authentication, SSL) */
 	int			brokers_up;		/* from the last statistics, -1 unknown */
+	bool		all_down;		/* librdkafka said every broker is down, and
+								 * nothing was acknowledged since */
 	int			ntopics;		/* topics met, at most TOPIC_CACHE_MAX */
 	OutboxTopicMemo *topics;
 	TimestampTz metadata_paused_until;	/* no metadata fetch before */

@@ -371,6 +371,7 @@ extern int32 OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *even
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
 extern int	OutboxProducerServe(OutboxProducer *producer);
 extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
+extern bool OutboxProducerAllBrokersDown(OutboxProducer *producer);
 extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);

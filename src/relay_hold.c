@@ -18,8 +18,9 @@
  *	- A hold starts when a round has waited outbox.hold_after and every
  *	  event still unacknowledged is of a known partition, while the cluster
  *	  shows life (an acknowledgement in the round, or within hold_after
- *	  before it): a whole-cluster outage holds nothing and the page waits,
- *	  as without holds.  The round is withdrawn (its unacknowledged events
+ *	  before it, and librdkafka has not said that every broker is down): a
+ *	  whole-cluster outage holds nothing and the page waits, as without
+ *	  holds.  The round is withdrawn (its unacknowledged events
  *	  are all of the partitions now held) and the page recorded.
  *	- A hold's oldest event goes alone, as a probe, which librdkafka
  *	  retries until the partition answers.  Once the probe is acknowledged
@@ -217,6 +218,9 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 	}
 	if (stalled == 0)
 		return false;
+	/* the whole cluster is down: nothing answers, so holding helps nobody */
+	if (OutboxProducerAllBrokersDown(r->producer))
+		return false;
 	if (acked == 0 &&
 		(r->last_ack_at == 0 ||
 		 r->last_ack_at < TimestampTzPlusMilliseconds(r->round_started, -outbox_hold_after)))
@@ -276,9 +280,16 @@ OutboxRelayServeProbes(Relay *r)
 			now = GetCurrentTimestamp();
 		if (h->probe->delivery_err == 0)
 		{
+			OutboxRoundReport report;
+
 			h->answered = true;
 			h->answered_id = h->probe->id;
 			r->last_ack_at = now;
+			/* published like any event; held events left the batch's backlog */
+			OutboxRelayReportInit(&report);
+			OutboxTallyAdd(&report.delivered, now - h->probe->created_at,
+						   h->probe->payload_len);
+			OutboxSlotReportRound(r->slot, &report);
 		}
 		else if (h->probe->last_class != OUTBOX_ERROR_TRANSIENT)
 		{
