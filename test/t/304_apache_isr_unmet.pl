@@ -1,9 +1,10 @@
 # test/t/304_apache_isr_unmet.pl: failure drill on a real Apache Kafka
 # cluster.  Under load, two of the three brokers go down (kill -9): with
 # min.insync.replicas = 2 no write can be acknowledged (and the KRaft
-# controller quorum is lost too).  The relay sees transient errors only,
-# holds the backlog (nothing quarantined), health() degrades; once the
-# brokers are back everything arrives, in order.
+# controller quorum is lost too).  The relay sees transient errors only
+# (or holds the partitions that stopped answering), keeps the backlog
+# (nothing quarantined), health() degrades; once the brokers are back
+# everything arrives, in order.
 
 use strict;
 use warnings;
@@ -49,7 +50,12 @@ while (time() < $t_down + 15)
 }
 note 'health seen: ' . join('; ', map { "$_ x$health{$_}" } sort keys %health);
 ok((grep { /^(warning|critical)/ } keys %health), 'health() degrades while the ISR is unmet');
-cmp_ok($st->{transient_failures}, '>', 0, "transient failures counted ($st->{transient_failures})");
+# the survivor answered just before, so the partitions that stop
+# answering may be held (outbox.held) rather than resent after
+# outbox.delivery_timeout: either way the outage is counted or shown
+my $held = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox.holds()');
+ok($st->{transient_failures} > 0 || $held > 0,
+	"the outage shows: transient failures ($st->{transient_failures}) or held partitions ($held)");
 is($st->{permanent_failures}, 0, 'no permanent failure');
 is($st->{quarantined}, 0, 'nothing quarantined');
 cmp_ok($st->{backlog}, '>', 0, "the backlog is held ($st->{backlog} events)");
