@@ -205,6 +205,22 @@ ensure_producer(Relay *r)
 }
 
 /*
+ * serve_producer
+ *		Serve the producer's callbacks, then what they told the holds'
+ *		probes: the one place delivery reports arrive.  Returns how many
+ *		page messages still await their report.
+ */
+static int
+serve_producer(Relay *r)
+{
+	int			pending = OutboxProducerServe(r->producer);
+
+	if (r->holds != NIL)
+		OutboxRelayServeProbes(r);
+	return pending;
+}
+
+/*
  * relay_wait
  *		The relay's one wait: until timeout_ms pass, the latch is set, or the
  *		producer has something to serve (it is served here).  A reload is
@@ -279,8 +295,7 @@ relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
 	 */
 	if ((wake & RELAY_WAKE_PRODUCER) && r->producer != NULL)
 	{
-		(void) OutboxProducerServe(r->producer);
-		OutboxRelayServeProbes(r);
+		(void) serve_producer(r);
 		report_producer(r);
 	}
 	return wake;
@@ -450,10 +465,7 @@ step_read(Relay *r)
 
 	/* held partitions: probes out, and drains taking turns with the batch */
 	if (r->holds != NIL)
-	{
-		OutboxRelayServeProbes(r);
 		OutboxRelaySendProbes(r);
-	}
 	if (r->drain_turn && OutboxRelayTakeDrain(r))
 		return RELAY_STEP_SEND;
 
@@ -537,9 +549,7 @@ step_await(Relay *r)
 		r->backoff_ms = 0;
 		return RELAY_STEP_RECORD;
 	}
-	pending = OutboxProducerServe(r->producer);
-	if (r->holds != NIL)
-		OutboxRelayServeProbes(r);
+	pending = serve_producer(r);
 	if (pending == 0)
 	{
 		if (r->round_abandoned)

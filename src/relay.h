@@ -57,7 +57,6 @@ typedef struct RelayPage
 	bool		done;			/* the last page of its batch */
 	int			rounds;			/* rounds sent so far */
 	int			sent;			/* events in the round under way */
-	int			held;			/* events of held partitions, not sent */
 	int			retried;		/* of those, sent before */
 	bool		cut;			/* shutdown cut the round short */
 } RelayPage;

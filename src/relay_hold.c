@@ -250,10 +250,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 		if (ev->partition < 0)
 			(void) OutboxProducerPartition(r->producer, ev);
 		if (ev->partition >= 0 && find_hold(r, ev->topic, ev->partition) != NULL)
-		{
 			ev->disposition = OUTBOX_EVENT_HELD;
-			pg->held++;
-		}
 	}
 	return true;
 }
@@ -394,7 +391,6 @@ read_drain(Relay *r, RelayPage *pg)
 	pg->n = 0;
 	pg->replay = false;
 	pg->rounds = 0;
-	pg->held = 0;
 	pg->drain = NULL;
 	OutboxRelayBeginTxn("reading held events");
 	foreach(lc, r->holds)

@@ -169,7 +169,6 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	pg->replay = false;
 	pg->drain = NULL;
 	pg->rounds = 0;
-	pg->held = 0;
 
 	OutboxRelayBeginTxn("reading events");
 	if (!OutboxStoreExtensionPresent())
@@ -212,7 +211,6 @@ OutboxRelayReadReplays(Relay *r, RelayPage *pg)
 	pg->replay = true;
 	pg->drain = NULL;
 	pg->rounds = 0;
-	pg->held = 0;
 	OutboxRelayBeginTxn("reading replays");
 	pg->n = OutboxStoreReadReplays(outbox_batch_size, &pg->events, pg->cxt);
 	OutboxRelayEndTxn(r);
@@ -276,8 +274,7 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 	OutboxRelayBeginTxn("recording progress");
 	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
 		r->replays_due = true;
-	if (pg->held > 0)
-		(void) OutboxStoreHoldEvents(pg->events, pg->n);
+	(void) OutboxStoreHoldEvents(pg->events, pg->n);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
 	OutboxRelayEndTxn(r);
 	OutboxRelayCountHeld(r, pg);

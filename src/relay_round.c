@@ -303,8 +303,6 @@ OutboxRelaySendRound(Relay *r, RelayPage *pg)
 		switch (OutboxRelayHoldOrSend(r, pg, &events[i]))
 		{
 			case RELAY_EVENT_HOLD:
-				pg->held++;
-				continue;
 			case RELAY_EVENT_WAIT:
 				continue;
 			case RELAY_EVENT_SEND:
