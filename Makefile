@@ -6,7 +6,8 @@ OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
 	src/topic.o src/sequence.o src/launcher.o src/relay.o src/relay_round.o \
 	src/relay_page.o src/relay_hold.o src/message.o src/store.o src/store_dead.o \
 	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
-	src/kafka_settings.o src/status.o src/probe.o
+	src/kafka_settings.o src/status.o src/probe.o src/inbox_shmem.o \
+	src/subscribe.o src/consumer.o src/kafka_consumer.o
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
@@ -18,7 +19,7 @@ PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress: emit() without preload, against a throwaway instance
-REGRESS = setup emit capture privileges settings replay sequence inbox
+REGRESS = setup emit capture privileges settings replay sequence inbox subscription
 REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims

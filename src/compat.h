@@ -79,6 +79,63 @@ OutboxWaitEvent(uint32 *cache, const char *name)
 	pg_database_ownercheck((dboid), (roleid))
 #endif
 
+/* ---- 1.3c EXECUTE checks ----------------------------------------------
+ *
+ * 16 replaced pg_proc_aclcheck() by object_aclcheck() too.
+ */
+#if PG_VERSION_NUM >= 160000
+#include "catalog/pg_proc.h"
+#define OutboxProcAclcheck(funcid, roleid) \
+	object_aclcheck(ProcedureRelationId, (funcid), (roleid), ACL_EXECUTE)
+#else
+#define OutboxProcAclcheck(funcid, roleid) \
+	pg_proc_aclcheck((funcid), (roleid), ACL_EXECUTE)
+#endif
+
+/* ---- 1.3d Is this JSON? ------------------------------------------------
+ *
+ * OutboxJsonIsValid(text, len): whether len bytes (valid text of the
+ * database's encoding) parse as JSON, by the json type's own parser with
+ * no semantic actions; a syntax error is a false, not an ERROR (a nesting
+ * too deep for the stack still ERRORs).  17 made the lexer context the
+ * caller's to allocate and free.
+ */
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
+#if PG_VERSION_NUM >= 170000
+static inline bool
+OutboxJsonIsValid(const char *json, int len)
+{
+	JsonLexContext lex;
+	JsonParseErrorType result;
+
+	makeJsonLexContextCstringLen(&lex, json, len, GetDatabaseEncoding(), false);
+	result = pg_parse_json(&lex, &nullSemAction);
+	freeJsonLexContext(&lex);
+	return result == JSON_SUCCESS;
+}
+#else
+static inline bool
+OutboxJsonIsValid(const char *json, int len)
+{
+	JsonLexContext *lex = makeJsonLexContextCstringLen((char *) json, len,
+													   GetDatabaseEncoding(), false);
+
+	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
+}
+#endif
+
+/* ---- 1.3e Set-returning functions into a tuplestore -------------------
+ *
+ * 16 renamed SetSingleFuncCall() to InitMaterializedSRF().
+ */
+#include "funcapi.h"
+#if PG_VERSION_NUM >= 160000
+#define OutboxMaterializedSRF(fcinfo) InitMaterializedSRF((fcinfo), 0)
+#else
+#define OutboxMaterializedSRF(fcinfo) SetSingleFuncCall((fcinfo), 0)
+#endif
+
 /* ---- 1.3b The CREATEDB privilege -------------------------------------
  *
  * OutboxHaveCreatedbPrivilege(): whether the current user may create

@@ -461,6 +461,61 @@ producer_conf(char **errmsg)
 }
 
 /*
+ * OutboxKafkaClientConf
+ *		For the subscription workers' consumers (kafka_consumer.c): a
+ *		configuration with outbox.kafka_brokers, outbox.kafka_config and the
+ *		secrets file as last read, so that they reach the cluster as the
+ *		relay does, over the caller's ndefaults defaults.  NULL and a
+ *		message in *errmsg when one is refused.
+ */
+rd_kafka_conf_t *
+OutboxKafkaClientConf(const char *const (*defaults)[2], int ndefaults, char **errmsg)
+{
+	rd_kafka_conf_t *conf;
+	char		errstr[512];
+	char	   *detail = NULL;
+	int			i;
+
+	if (secrets_error != NULL)
+	{
+		*errmsg = pstrdup(secrets_error);
+		return NULL;
+	}
+	conf = rd_kafka_conf_new();
+	/* the caller's defaults come first: outbox.kafka_config may change them */
+	for (i = 0; i < ndefaults; i++)
+		if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1],
+							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+			elog(ERROR, "librdkafka refused default %s: %s", defaults[i][0], errstr);
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", outbox_kafka_brokers,
+						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
+		return NULL;
+	}
+	if (!apply_config(conf, outbox_kafka_config, false, &detail) ||
+		!apply_config(conf, secrets_text ? secrets_text : "", true, &detail))
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = detail;
+		return NULL;
+	}
+	return conf;
+}
+
+/*
+ * OutboxKafkaSecretsText
+ *		The secrets file's text as last read ("" when none), to tell a
+ *		client built from it is outdated; never shown.
+ */
+const char *
+OutboxKafkaSecretsText(void)
+{
+	return secrets_text ? secrets_text : "";
+}
+
+/*
  * OutboxProducerCreate
  *		Relay: build an idempotent producer for the current settings and
  *		the secrets file as OutboxKafkaReadSecretsFile last read it.  It

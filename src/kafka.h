@@ -3,7 +3,8 @@
  * kafka.h
  *		The producer as kafka.c (its lifecycle, sends and callbacks) and
  *		kafka_topic.c (the topics it met: partitions and partitioner) share
- *		it.  Only these two files include rdkafka.h.
+ *		it; kafka_consumer.c (the subscription workers' consumer) builds on
+ *		kafka.c's settings.  Only these three files include rdkafka.h.
  *
  *-------------------------------------------------------------------------
  */
@@ -47,6 +48,11 @@ struct OutboxProducer
 	char	   *built_config;
 	char	   *built_secrets;
 };
+
+/* kafka.c, for kafka_consumer.c */
+extern rd_kafka_conf_t *OutboxKafkaClientConf(const char *const (*defaults)[2],
+											   int ndefaults, char **errmsg);
+extern const char *OutboxKafkaSecretsText(void);
 
 /* kafka_topic.c */
 extern void OutboxKafkaChoosePartitioner(OutboxProducer *producer,

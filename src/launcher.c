@@ -27,6 +27,10 @@
  *	  by the postmaster finds the place free; one that finds it taken exits.
  *	- It keeps no pointer into shared memory: it names the database and
  *	  reads a copy of its slot (OutboxSlotRead).
+ *	- Subscriptions: one worker per subscription slot in use
+ *	  (inbox_shmem.c), restarted OUTBOX_RESTART_DELAY_MS after it stops
+ *	  unless its slot is gone (then the slot is freed) or its database is
+ *	  held.  A worker already attached to its slot is left alone.
  *
  *-------------------------------------------------------------------------
  */
@@ -75,6 +79,17 @@ typedef struct RelayEntry
 } RelayEntry;
 
 static List *entries = NIL;
+
+/* the subscription workers, by subscription slot (launcher memory) */
+typedef struct ConsumerEntry
+{
+	BackgroundWorkerHandle *handle;
+	Oid			dboid;
+	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+	TimestampTz next_start;
+} ConsumerEntry;
+
+static ConsumerEntry *consumers = NULL;
 static TimestampTz last_no_slot_log = 0;
 static int	probes_running = 0;
 
@@ -421,6 +436,122 @@ supervise(void)
 }
 
 /*
+ * start_consumer
+ *		Register the worker of subscription slot i.  On failure (no free
+ *		background worker) retry later.
+ */
+static void
+start_consumer(int i, Oid dboid, const char *name, TimestampTz now)
+{
+	BackgroundWorker worker;
+	ConsumerEntry *c = &consumers[i];
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "OutboxConsumerMain", BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox subscription %s", name);
+	strlcpy(worker.bgw_type, "outbox subscription", BGW_MAXLEN);
+	worker.bgw_main_arg = Int32GetDatum(i);
+	StaticAssertStmt(sizeof(Oid) + OUTBOX_SUBSCRIPTION_NAME_MAX <= BGW_EXTRALEN,
+					 "a subscription's name does not fit in bgw_extra");
+	memcpy(worker.bgw_extra, &dboid, sizeof(Oid));
+	strlcpy(worker.bgw_extra + sizeof(Oid), name, OUTBOX_SUBSCRIPTION_NAME_MAX);
+	worker.bgw_notify_pid = MyProcPid;
+
+	c->dboid = dboid;
+	strlcpy(c->name, name, sizeof(c->name));
+	if (RegisterDynamicBackgroundWorker(&worker, &c->handle))
+	{
+		OutboxSetNoWorker(false);
+		return;
+	}
+	c->handle = NULL;
+	OutboxSetNoWorker(true);
+	if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("outbox cannot start the worker of subscription \"%s\": no background worker slot is free",
+						name),
+				 errhint("Raise max_worker_processes.")));
+		last_no_slot_log = now;
+	}
+	c->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_NO_WORKER_RETRY_MS);
+}
+
+/*
+ * supervise_consumers
+ *		Reap stopped subscription workers, free gone slots, start what is
+ *		due.  Returns how long the launcher may sleep.
+ */
+static long
+supervise_consumers(long sleep)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			n = OutboxInboxSlotCount();
+	int			i;
+
+	if (n == 0)
+		return sleep;
+	if (consumers == NULL)
+		consumers = MemoryContextAllocZero(TopMemoryContext, sizeof(ConsumerEntry) * n);
+	for (i = 0; i < n; i++)
+	{
+		ConsumerEntry *c = &consumers[i];
+		Oid			dboid;
+		char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+		int			pid;
+		bool		gone;
+		TimestampTz hold_until;
+		bool		in_use = OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until);
+
+		if (c->handle != NULL)
+		{
+			pid_t		wpid;
+
+			if (GetBackgroundWorkerPid(c->handle, &wpid) != BGWH_STOPPED)
+				continue;
+			pfree(c->handle);
+			c->handle = NULL;
+			c->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
+			/* its slot may be another subscription's by now: look again */
+			in_use = OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until);
+		}
+		if (!in_use)
+			continue;
+		if (find_entry(dboid, false) == NULL)
+		{
+			/* its database was dropped (or made a template) */
+			OutboxInboxSlotForget(i);
+			continue;
+		}
+		if (gone)
+		{
+			if (pid == 0)
+				OutboxInboxSlotFree(i);
+			continue;
+		}
+		if (pid != 0)
+			continue;			/* a worker another launcher started */
+		/* a new subscription in this slot starts at once */
+		if (c->dboid != dboid || strcmp(c->name, name) != 0)
+			c->next_start = 0;
+		if (hold_until > now)
+		{
+			c->next_start = Max(c->next_start, hold_until);
+		}
+		if (c->next_start <= now)
+			start_consumer(i, dboid, name, now);
+		if (c->handle == NULL)
+			sleep = Min(sleep, Max(1, TimestampDifferenceMilliseconds(now, c->next_start)));
+	}
+	return sleep;
+}
+
+/*
  * OutboxLauncherMain
  *		Entry point of the launcher.
  */
@@ -476,7 +607,7 @@ OutboxLauncherMain(Datum main_arg)
 			last_scan = GetCurrentTimestamp();
 		}
 
-		sleep = supervise();
+		sleep = supervise_consumers(supervise());
 		pgstat_report_activity(STATE_IDLE, NULL);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 sleep, OutboxWaitEvent(&wait_main_event, "OutboxLauncherMain"));

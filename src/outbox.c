@@ -45,6 +45,7 @@ int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
+int			outbox_max_subscriptions = OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
 int			outbox_inbox_retention = OUTBOX_INBOX_RETENTION_DEFAULT;
 
@@ -377,6 +378,14 @@ _PG_init(void)
 							"Each relay is a background worker: max_worker_processes must leave room for them.",
 							&outbox_max_databases,
 							OUTBOX_MAX_DATABASES_DEFAULT, 1, OUTBOX_MAX_DATABASES_MAX,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_subscriptions",
+							"Subscriptions, over all databases, that can have a consumer worker at the same time.",
+							"Each subscription's worker is a background worker: max_worker_processes must leave room for them.",
+							&outbox_max_subscriptions,
+							OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT, 0, OUTBOX_MAX_SUBSCRIPTIONS_MAX,
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
 

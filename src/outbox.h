@@ -32,6 +32,8 @@
 #define OUTBOX_SHUTDOWN_TIMEOUT_MAX 600000
 #define OUTBOX_MAX_DATABASES_DEFAULT 16
 #define OUTBOX_MAX_DATABASES_MAX	1024
+#define OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT 8
+#define OUTBOX_MAX_SUBSCRIPTIONS_MAX 256
 
 #define OUTBOX_BACKOFF_MIN_DEFAULT	100
 #define OUTBOX_BACKOFF_MAX_DEFAULT	30000
@@ -126,6 +128,7 @@ extern bool OutboxTopicTemplateIsValid(const char *tmpl, char **bad);
 extern bool OutboxTopicPatternsAreValid(const char *patterns, char **bad);
 extern char *OutboxTopicResolve(char *topic, const char *aggregate_type,
 								const char *event_type);
+extern bool OutboxTopicNameIsLegal(const char *name);
 
 /* sequence.c: the per-aggregate sequence of one transaction, for emit() */
 typedef struct OutboxSequenceEntry OutboxSequenceEntry;
@@ -441,6 +444,151 @@ typedef struct OutboxBlocked
 	char	   *aggregate_id;
 	char	   *head;			/* event id of the quarantined event */
 } OutboxBlocked;
+
+/* inbox_shmem.c: the subscription slots; their layout is private to it */
+#define OUTBOX_SUBSCRIPTION_NAME_MAX	64	/* 63 characters and the NUL */
+#define OUTBOX_INBOX_PARTS_MAX			64	/* partitions a slot shows */
+
+typedef enum OutboxInboxState
+{
+	OUTBOX_INBOX_STARTING = 0,
+	OUTBOX_INBOX_RUNNING,
+	OUTBOX_INBOX_RETRYING,		/* a handler failed: its partition waits */
+	OUTBOX_INBOX_NOT_CONFIGURED,
+	OUTBOX_INBOX_STOPPED
+} OutboxInboxState;
+#define OUTBOX_INBOX_NSTATES (OUTBOX_INBOX_STOPPED + 1)
+
+/* one assigned partition, as the worker last reported it */
+typedef struct OutboxInboxPart
+{
+	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
+	int32		partition;
+	int64		next_offset;	/* -1: nothing applied yet */
+	int64		high;			/* high watermark, -1: unknown */
+} OutboxInboxPart;
+
+typedef struct OutboxInboxView
+{
+	Oid			dboid;
+	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+	int			pid;
+	OutboxInboxState state;
+	TimestampTz started_at;
+	uint64		processed;		/* handler calls committed */
+	uint64		deduplicated;	/* messages seen before: not applied */
+	uint64		failed;			/* handler errors */
+	uint64		dead_lettered;
+	uint64		parked;
+	TimestampTz last_applied_at;
+	TimestampTz last_error_at;
+	char		last_error[OUTBOX_LAST_ERROR_LEN];
+	int			nparts;
+	OutboxInboxPart parts[OUTBOX_INBOX_PARTS_MAX];
+} OutboxInboxView;
+
+/* what a worker adds to its slot after a batch commits */
+typedef struct OutboxInboxTally
+{
+	uint64		processed;
+	uint64		deduplicated;
+	uint64		failed;
+	uint64		dead_lettered;
+	uint64		parked;
+} OutboxInboxTally;
+
+typedef struct OutboxInboxSlot OutboxInboxSlot;
+
+extern int	outbox_max_subscriptions;
+extern const char *OutboxInboxStateName(OutboxInboxState state);
+extern void OutboxInboxShmemRequest(void);
+extern void OutboxInboxShmemInit(void);
+extern bool OutboxInboxHasRoom(Oid dboid, const char *name);
+extern bool OutboxInboxRequest(Oid dboid, const char *name, bool changed);
+extern void OutboxInboxWake(Oid dboid, const char *name);
+extern void OutboxInboxHoldDatabase(Oid dboid, TimestampTz until);
+extern int	OutboxInboxSlotCount(void);
+extern bool OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid,
+								bool *gone, TimestampTz *hold_until);
+extern void OutboxInboxSlotFree(int i);
+extern void OutboxInboxSlotForget(int i);
+extern int	OutboxInboxList(Oid dboid, OutboxInboxView **views);
+extern OutboxInboxSlot *OutboxInboxAttach(int i, Oid dboid, const char *name);
+extern void OutboxInboxDetach(OutboxInboxSlot *slot);
+extern void OutboxInboxMarkGone(OutboxInboxSlot *slot);
+extern bool OutboxInboxTakeChanged(OutboxInboxSlot *slot);
+extern bool OutboxInboxTakeWake(OutboxInboxSlot *slot);
+extern bool OutboxInboxIsHeld(OutboxInboxSlot *slot);
+extern void OutboxInboxSetState(OutboxInboxSlot *slot, OutboxInboxState state);
+extern void OutboxInboxSetError(OutboxInboxSlot *slot, const char *message);
+extern void OutboxInboxReport(OutboxInboxSlot *slot, const OutboxInboxTally *t,
+							  const OutboxInboxPart *parts, int nparts);
+
+/* kafka_consumer.c: the subscription worker's librdkafka consumer */
+typedef struct OutboxConsumer OutboxConsumer;
+
+/* one message as the consumer hands it over; memory in the caller's context */
+typedef struct OutboxInbound
+{
+	char	   *topic;
+	int32		partition;
+	int64		offset;
+	int64		timestamp_ms;	/* -1: none */
+	char	   *key;			/* NULL: no key */
+	int			key_len;
+	char	   *value;			/* NULL: no value (a tombstone) */
+	int			value_len;
+	int			nheaders;
+	char	  **header_names;
+	char	  **header_values;	/* NULL: a header without a value */
+	int		   *header_lens;
+} OutboxInbound;
+
+/* a partition handed to the worker: offset is what it asks to start at */
+typedef struct OutboxAssigned
+{
+	const char *topic;
+	int32		partition;
+	int64		offset;			/* -1: where Kafka says (committed, then start_from) */
+} OutboxAssigned;
+
+/*
+ * The worker's answer to an assignment: fill in each partition's offset
+ * from the database (false: the lookup failed, assign nothing).  A
+ * revocation (assigned false) only tells.  Called from inside
+ * OutboxConsumerPoll, in the worker's thread, outside any transaction.
+ */
+typedef bool (*OutboxAssignFn) (OutboxAssigned *parts, int n, bool assigned,
+								void *arg);
+
+extern OutboxConsumer *OutboxConsumerCreate(const char *group_id,
+											const char *client_id,
+											bool earliest,
+											char **topics, int ntopics,
+											int event_fd, OutboxAssignFn assign,
+											void *arg, char **errmsg);
+extern int	OutboxConsumerPoll(OutboxConsumer *consumer, OutboxInbound *out,
+							   int max, MemoryContext cxt);
+extern bool OutboxConsumerFailed(OutboxConsumer *consumer);
+extern void OutboxConsumerRewind(OutboxConsumer *consumer, const char *topic,
+								 int32 partition, int64 offset);
+extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,
+								 int32 partition);
+extern void OutboxConsumerCommit(OutboxConsumer *consumer, const char *topic,
+								 int32 partition, int64 next_offset);
+extern int64 OutboxConsumerHighWatermark(OutboxConsumer *consumer,
+										 const char *topic, int32 partition);
+extern bool OutboxConsumerTakeError(OutboxConsumer *consumer, char *buf, size_t len);
+extern bool OutboxConsumerOutdated(const OutboxConsumer *consumer);
+extern void OutboxConsumerDestroy(OutboxConsumer *consumer, int timeout_ms);
+
+/* subscribe.c: subscribe(), unsubscribe() and what they share with the worker */
+extern Oid	OutboxResolveHandler(const char *text, Oid typid, char **problem);
+extern bool OutboxRoleMayExecute(Oid role, Oid func);
+extern void OutboxSubscriptionsAnnounce(void);
+
+/* consumer.c */
+PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
 /* launcher.c */
 extern void OutboxLauncherRegisterStatic(void);

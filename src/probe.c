@@ -11,6 +11,9 @@
  *	- It runs one catalog lookup in a transaction of its own, writes its
  *	  answer into shared memory (OutboxProbeReport) and exits 0; a probe
  *	  that fails reports nothing and the launcher probes again.
+ *	- Where the extension is, it also asks for a slot for each of the
+ *	  database's subscriptions, so that their workers start with the
+ *	  server.
  *
  *-------------------------------------------------------------------------
  */
@@ -39,6 +42,8 @@ OutboxProbeMain(Datum main_arg)
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	present = OutboxStoreExtensionPresent();
+	if (present)
+		OutboxSubscriptionsAnnounce();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 

@@ -144,6 +144,7 @@ outbox_shmem_request(void)
 	RequestAddinShmemSpace(outbox_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
 	OutboxHandoffShmemRequest();
+	OutboxInboxShmemRequest();
 }
 
 static void
@@ -166,6 +167,7 @@ outbox_shmem_startup(void)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
 	}
 	OutboxHandoffShmemInit();
+	OutboxInboxShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -315,6 +317,7 @@ OutboxHoldDatabase(Oid dboid, int hold_ms)
 			kill(pid, SIGTERM);
 	}
 	LWLockRelease(outbox_shared->lock);
+	OutboxInboxHoldDatabase(dboid, until);
 }
 
 /*

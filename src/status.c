@@ -466,6 +466,63 @@ metric_latency(StringInfo buf, const char *labels, const OutboxSlotView *s)
 }
 
 /*
+ * metric_subscriptions
+ *		The subscription workers of this database (inbox_shmem.c): what
+ *		each applied, deduplicated and failed since it started, and its lag
+ *		per assigned partition.  Subscription names need no escaping in a
+ *		label: [a-z0-9_.-].
+ */
+static void
+metric_subscriptions(StringInfo buf, const char *labels)
+{
+	OutboxInboxView *views;
+	int			n = OutboxInboxList(MyDatabaseId, &views);
+	static const char *const counters[][2] = {
+		{"outbox_subscription_processed_total", "Messages a subscription's handler applied since its worker started."},
+		{"outbox_subscription_deduplicated_total", "Messages a subscription had seen before (id or offset), not applied again."},
+		{"outbox_subscription_failed_total", "Handler errors of a subscription since its worker started."},
+		{"outbox_subscription_dead_lettered_total", "Messages a subscription's worker moved to outbox.inbox_dead_letters."},
+		{"outbox_subscription_parked_total", "Messages a subscription's worker parked behind a dead one."},
+	};
+	int			c;
+	int			i;
+	int			k;
+
+	for (c = 0; c < lengthof(counters); c++)
+	{
+		appendStringInfo(buf, "# HELP %s %s\n# TYPE %s counter\n",
+						 counters[c][0], counters[c][1], counters[c][0]);
+		for (i = 0; i < n; i++)
+		{
+			const OutboxInboxView *v = &views[i];
+			uint64		value = c == 0 ? v->processed : c == 1 ? v->deduplicated :
+				c == 2 ? v->failed : c == 3 ? v->dead_lettered : v->parked;
+
+			appendStringInfo(buf, "%s{%s,subscription=\"%s\"} " UINT64_FORMAT "\n",
+							 counters[c][0], labels, v->name, value);
+		}
+	}
+	appendStringInfoString(buf, "# HELP outbox_subscription_up 1 when the subscription's worker runs.\n"
+						   "# TYPE outbox_subscription_up gauge\n");
+	for (i = 0; i < n; i++)
+		appendStringInfo(buf, "outbox_subscription_up{%s,subscription=\"%s\"} %d\n",
+						 labels, views[i].name, views[i].pid != 0 ? 1 : 0);
+	appendStringInfoString(buf, "# HELP outbox_subscription_lag_messages Messages of an assigned partition not yet applied (high watermark minus next offset).\n"
+						   "# TYPE outbox_subscription_lag_messages gauge\n");
+	for (i = 0; i < n; i++)
+		for (k = 0; k < views[i].nparts; k++)
+		{
+			const OutboxInboxPart *p = &views[i].parts[k];
+
+			if (views[i].pid == 0 || p->high < 0 || p->next_offset < 0)
+				continue;
+			appendStringInfo(buf, "outbox_subscription_lag_messages{%s,subscription=\"%s\",topic=\"%s\",partition=\"%d\"} " INT64_FORMAT "\n",
+							 labels, views[i].name, p->topic, p->partition,
+							 Max(0, p->high - p->next_offset));
+		}
+}
+
+/*
  * outbox_metrics
  *		SQL outbox.metrics(): the same figures in Prometheus text format.
  */
@@ -525,6 +582,7 @@ outbox_metrics(PG_FUNCTION_ARGS)
 	metric(&buf, labels, "outbox_page_size", "gauge", "Events in the page the relay has in hand.",
 		   psprintf("%d", s->page_size));
 	metric_latency(&buf, labels, s);
+	metric_subscriptions(&buf, labels);
 
 	PG_RETURN_TEXT_P(cstring_to_text(buf.data));
 }

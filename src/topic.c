@@ -297,3 +297,13 @@ OutboxTopicResolve(char *topic, const char *aggregate_type,
 				 errhint("A superuser sets outbox.allowed_topics.")));
 	return topic;
 }
+
+/*
+ * OutboxTopicNameIsLegal
+ *		Whether Kafka accepts name as a topic (subscribe() checks its topics).
+ */
+bool
+OutboxTopicNameIsLegal(const char *name)
+{
+	return topic_name_is_legal(name, (int) strlen(name));
+}

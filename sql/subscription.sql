@@ -1,0 +1,93 @@
+-- Subscriptions: what subscribe() refuses, with its SQLSTATE; who may
+-- subscribe, unsubscribe and look; what a hostile role cannot reach.
+-- (The worker itself is tested by test/t/015_subscription.pl.)
+CREATE ROLE outbox_sub_app;
+CREATE ROLE outbox_sub_other;
+CREATE ROLE outbox_sub_nobody;
+CREATE SCHEMA subs;
+GRANT USAGE ON SCHEMA outbox, subs TO outbox_sub_app, outbox_sub_other, outbox_sub_nobody;
+GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, text, integer, text, integer),
+	outbox.unsubscribe(text), outbox.subscription_status() TO outbox_sub_app, outbox_sub_other;
+CREATE FUNCTION subs.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION subs.secret(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+REVOKE ALL ON FUNCTION subs.secret(outbox.inbound_message) FROM PUBLIC;
+CREATE FUNCTION subs.wrong(m text) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION subs.many(m outbox.inbound_message) RETURNS SETOF int LANGUAGE sql AS $$ SELECT 1 $$;
+CREATE PROCEDURE subs.proc(m outbox.inbound_message) LANGUAGE sql AS $$ SELECT $$;
+
+-- refused arguments
+SET ROLE outbox_sub_app;
+SELECT t.err($$SELECT outbox.subscribe(NULL, ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', NULL, 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], NULL)$$);
+SELECT t.err($$SELECT outbox.subscribe('Bad Name', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe(repeat('s', 64), ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('-s', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY[]::text[], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t', NULL], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['a b'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['..'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['^orders.*'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t', 't'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY[repeat('t', 250)], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.wrong(text)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.many(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.proc(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', start_from => 'middle')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', max_attempts => 0)$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', poison_policy => 'drop')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', batch_size => 0)$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', group_id => '')$$);
+-- the handler runs as the subscriber, who must be allowed to run it
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.secret(outbox.inbound_message)')$$);
+
+-- a subscription, recorded with its owner and its handler's full name
+SELECT outbox.subscribe('s', ARRAY['orders', 'refunds'], 'subs.apply(outbox.inbound_message)', batch_size => 50);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+RESET ROLE;
+SELECT name, topics, handler, owner, group_id, start_from, max_attempts, poison_policy, batch_size
+  FROM outbox.subscriptions;
+
+-- a hostile role: no right on the tables, cannot take another's subscription
+SET ROLE outbox_sub_other;
+SELECT t.err($$SELECT outbox.unsubscribe('s')$$);
+SELECT t.err($$UPDATE outbox.subscriptions SET owner = 'outbox_sub_other' WHERE name = 's'$$);
+SELECT t.err($$INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id) VALUES ('x', ARRAY['t'], 'subs.secret(outbox.inbound_message)', 'postgres', 'x')$$);
+SELECT t.err($$SELECT * FROM outbox.inbox_offsets$$);
+SELECT t.err($$SELECT * FROM outbox.inbox_dead_letters$$);
+SELECT t.err($$SELECT outbox.inbox_replay('s')$$);
+SELECT t.err($$SELECT outbox.inbox_discard('s', 1)$$);
+SELECT t.err($$SELECT outbox.subscriptions_changed()$$);
+SELECT t.err($$SELECT outbox.inbox_wake('s')$$);
+SELECT t.err($$SELECT * FROM outbox.subscription_lag()$$);
+-- another role's group is not for joining: its members share offsets and dedupe
+SELECT t.err($$SELECT outbox.subscribe('s2', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's')$$);
+SELECT outbox.subscribe('s2', ARRAY['orders'], 'subs.apply(outbox.inbound_message)');
+SELECT name, state, pid, processed FROM outbox.subscription_status() ORDER BY name;
+RESET ROLE;
+SET ROLE outbox_sub_nobody;
+SELECT t.err($$SELECT outbox.subscribe('n', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT * FROM outbox.subscription_status()$$);
+RESET ROLE;
+
+-- the owner unsubscribes; a second time there is nothing to remove
+SET ROLE outbox_sub_app;
+SELECT outbox.unsubscribe('s');
+SELECT outbox.unsubscribe('s');
+RESET ROLE;
+SELECT name, owner FROM outbox.subscriptions;
+-- the owner joins its own group
+SET ROLE outbox_sub_other;
+SELECT outbox.subscribe('s3', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's2');
+SELECT name, owner, group_id FROM outbox.subscriptions ORDER BY name;
+SELECT outbox.unsubscribe('s3');
+RESET ROLE;
+SELECT t.err($$SELECT outbox.inbox_replay('s2', 42)$$);
+SELECT outbox.inbox_replay('s2');
+SELECT outbox.inbox_discard('s2', 42);
+-- a superuser may unsubscribe anyone's
+SELECT outbox.unsubscribe('s2');
+
+DROP SCHEMA subs CASCADE;
+DROP OWNED BY outbox_sub_app, outbox_sub_other, outbox_sub_nobody;
+DROP ROLE outbox_sub_app, outbox_sub_other, outbox_sub_nobody;

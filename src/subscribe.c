@@ -1,0 +1,669 @@
+/*-------------------------------------------------------------------------
+ *
+ * subscribe.c
+ *		The SQL side of subscriptions, in user backends: subscribe(),
+ *		unsubscribe(), the trigger that tells the launcher at commit,
+ *		inbox_wake(), and what subscription_status() and subscription_lag()
+ *		read.
+ *
+ * Invariants:
+ *	- subscribe() is SECURITY INVOKER: the subscription's owner is the
+ *	  role calling it (GetUserId()), which must be allowed to execute the
+ *	  handler.  Only the row's insert runs with the extension owner's
+ *	  rights (the caller has none on outbox.subscriptions), with a pinned
+ *	  search_path and every name qualified.
+ *	- unsubscribe() is allowed to the owner's members and superusers only.
+ *	- Shared memory hears of a subscription only at commit (a statement
+ *	  trigger's names, kept until then); the worker reads the row itself,
+ *	  so a slot is a cue, never the truth.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+
+#include "compat.h"
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_subscribe);
+PG_FUNCTION_INFO_V1(outbox_unsubscribe);
+PG_FUNCTION_INFO_V1(outbox_subscriptions_changed);
+PG_FUNCTION_INFO_V1(outbox_inbox_wake);
+PG_FUNCTION_INFO_V1(outbox_subscription_status);
+PG_FUNCTION_INFO_V1(outbox_subscription_lag);
+
+#define TOPICS_MAX 64
+
+/* names to tell shared memory about at commit (TopTransactionContext) */
+static List *changed_names = NIL;
+static List *woken_names = NIL;
+static bool callback_registered = false;
+
+static void
+subscribe_xact_callback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			foreach(lc, changed_names)
+				if (OutboxShmemAvailable() &&
+					!OutboxInboxRequest(MyDatabaseId, (char *) lfirst(lc), true))
+					ereport(WARNING,
+							(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+							 errmsg("outbox subscription \"%s\" has no worker: all outbox.max_subscriptions slots are taken",
+									(char *) lfirst(lc)),
+							 errhint("Raise outbox.max_subscriptions and restart the server.")));
+			foreach(lc, woken_names)
+				OutboxInboxWake(MyDatabaseId, (char *) lfirst(lc));
+			changed_names = woken_names = NIL;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			changed_names = woken_names = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+remember(List **list, const char *name)
+{
+	MemoryContext old;
+	ListCell   *lc;
+
+	if (!callback_registered)
+	{
+		RegisterXactCallback(subscribe_xact_callback, NULL);
+		callback_registered = true;
+	}
+	foreach(lc, *list)
+		if (strcmp((char *) lfirst(lc), name) == 0)
+			return;
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	*list = lappend(*list, pstrdup(name));
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * OutboxResolveHandler
+ *		The function text names (regprocedure form), when it can be a
+ *		handler: one argument of type typid (outbox.inbound_message), a
+ *		plain function returning one value.  InvalidOid and *problem
+ *		otherwise.  Never ERRORs on a bad name.
+ */
+Oid
+OutboxResolveHandler(const char *text, Oid typid, char **problem)
+{
+	Oid			func;
+	HeapTuple	tup;
+	Form_pg_proc proc;
+
+	*problem = NULL;
+	{
+		/* to_regprocedure() answers NULL for a function that is not there */
+		LOCAL_FCINFO(fcinfo, 1);
+		Datum		result;
+
+		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+		fcinfo->args[0].value = CStringGetTextDatum(text);
+		fcinfo->args[0].isnull = false;
+		result = to_regprocedure(fcinfo);
+		func = fcinfo->isnull ? InvalidOid : DatumGetObjectId(result);
+	}
+	if (!OidIsValid(func))
+	{
+		*problem = psprintf("handler %s does not exist", text);
+		return InvalidOid;
+	}
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(func));
+	if (!HeapTupleIsValid(tup))
+	{
+		*problem = psprintf("handler %s does not exist", text);
+		return InvalidOid;
+	}
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	if (proc->pronargs != 1 || proc->proargtypes.values[0] != typid)
+		*problem = psprintf("handler %s must take one argument of type outbox.inbound_message", text);
+	else if (proc->prokind != PROKIND_FUNCTION)
+		*problem = psprintf("handler %s must be a plain function, not a procedure or an aggregate", text);
+	else if (proc->proretset)
+		*problem = psprintf("handler %s must not return a set", text);
+	ReleaseSysCache(tup);
+	return *problem == NULL ? func : InvalidOid;
+}
+
+bool
+OutboxRoleMayExecute(Oid role, Oid func)
+{
+	return OutboxProcAclcheck(func, role) == ACLCHECK_OK;
+}
+
+static Oid
+inbound_type(void)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+
+	return GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+						   CStringGetDatum("inbound_message"), ObjectIdGetDatum(nsp));
+}
+
+static bool
+name_is_valid(const char *name)
+{
+	int			len = strlen(name);
+	int			i;
+
+	if (len < 1 || len > OUTBOX_SUBSCRIPTION_NAME_MAX - 1)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		char		c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+			  (i > 0 && (c == '.' || c == '-'))))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * as_owner_begin / as_owner_end
+ *		Run the SQL between them with the extension's owner's rights (the
+ *		bootstrap superuser who owns its tables) and a pinned search_path.
+ */
+typedef struct AsOwner
+{
+	Oid			user;
+	int			sec;
+	int			nestlevel;
+} AsOwner;
+
+static void
+as_owner_begin(AsOwner *save)
+{
+	GetUserIdAndSecContext(&save->user, &save->sec);
+	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID, save->sec | SECURITY_LOCAL_USERID_CHANGE);
+	save->nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+}
+
+static void
+as_owner_end(AsOwner *save)
+{
+	AtEOXact_GUC(false, save->nestlevel);
+	SetUserIdAndSecContext(save->user, save->sec);
+}
+
+/*
+ * outbox_subscribe
+ *		SQL outbox.subscribe(name, topics, handler, group_id, start_from,
+ *		max_attempts, poison_policy, batch_size).
+ */
+Datum
+outbox_subscribe(PG_FUNCTION_ARGS)
+{
+	char	   *name;
+	ArrayType  *topics;
+	Oid			handler;
+	char	   *group_id;
+	char	   *start_from;
+	char	   *policy;
+	int			batch_size;
+	Datum	   *elems;
+	bool	   *elem_nulls;
+	int			ntopics;
+	int			i;
+	int			j;
+	char	   *problem;
+	char	   *handler_text;
+	Oid			owner = GetUserId();
+	AsOwner		save;
+	Oid			types[8] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			batch_type[1] = {INT4OID};
+	int			ret;
+
+	for (i = 0; i < 3; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be null", i == 0 ? "name" : i == 1 ? "topics" : "handler")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (!name_is_valid(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid subscription name \"%.100s\"", name),
+				 errdetail("A subscription name has 1 to %d characters from [a-z0-9_.-] and starts with a letter, digit or underscore.",
+						   OUTBOX_SUBSCRIPTION_NAME_MAX - 1)));
+
+	topics = PG_GETARG_ARRAYTYPE_P(1);
+	if (ARR_NDIM(topics) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("topics must be a one-dimensional array")));
+	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, &elem_nulls, &ntopics);
+	if (ntopics < 1 || ntopics > TOPICS_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a subscription has 1 to %d topics, not %d", TOPICS_MAX, ntopics)));
+	for (i = 0; i < ntopics; i++)
+	{
+		char	   *t;
+
+		if (elem_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("topics must not contain null")));
+		t = TextDatumGetCString(elems[i]);
+		if (!OutboxTopicNameIsLegal(t))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid Kafka topic name \"%.100s\"", t),
+					 errdetail("A topic name has 1 to 249 characters from [A-Za-z0-9._-] and is not \".\" or \"..\"; patterns are not accepted.")));
+		for (j = 0; j < i; j++)
+			if (strcmp(t, TextDatumGetCString(elems[j])) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("topic \"%s\" is named twice", t)));
+	}
+
+	handler = PG_GETARG_OID(2);
+	/* schema-qualified: the worker resolves it with an empty search_path */
+	handler_text = format_procedure_qualified(handler);
+	if (OutboxResolveHandler(handler_text, inbound_type(), &problem) != handler)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("%s", problem ? problem : "the handler does not resolve"),
+				 errhint("A handler is a function (m outbox.inbound_message) returning void or any single value.")));
+	if (!OutboxRoleMayExecute(owner, handler))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for function %s", handler_text),
+				 errdetail("The handler runs as the role that subscribes, which must be allowed to execute it.")));
+
+	group_id = PG_ARGISNULL(3) ? name : text_to_cstring(PG_GETARG_TEXT_PP(3));
+	if (strlen(group_id) < 1 || strlen(group_id) > 255 ||
+		!pg_verify_mbstr(GetDatabaseEncoding(), group_id, strlen(group_id), true))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("group_id must have 1 to 255 characters")));
+	start_from = PG_ARGISNULL(4) ? "earliest" : text_to_cstring(PG_GETARG_TEXT_PP(4));
+	if (strcmp(start_from, "earliest") != 0 && strcmp(start_from, "latest") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("start_from must be 'earliest' or 'latest', not \"%.20s\"", start_from)));
+	if (!PG_ARGISNULL(5) && (PG_GETARG_INT32(5) < 1 || PG_GETARG_INT32(5) > OUTBOX_MAX_ATTEMPTS_LIMIT))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_attempts must be between 1 and %d", OUTBOX_MAX_ATTEMPTS_LIMIT)));
+	policy = PG_ARGISNULL(6) ? "block" : text_to_cstring(PG_GETARG_TEXT_PP(6));
+	if (strcmp(policy, "block") != 0 && strcmp(policy, "skip") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("poison_policy must be 'block' or 'skip', not \"%.20s\"", policy)));
+	batch_size = PG_ARGISNULL(7) ? 500 : PG_GETARG_INT32(7);
+	if (batch_size < 1 || batch_size > 10000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and 10000")));
+	if (OutboxShmemAvailable() && !OutboxInboxHasRoom(MyDatabaseId, name))
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("all %d subscription slots are taken", outbox_max_subscriptions),
+				 errhint("Raise outbox.max_subscriptions and restart the server.")));
+
+	args[0] = CStringGetTextDatum(name);
+	args[1] = PointerGetDatum(topics);
+	args[2] = CStringGetTextDatum(handler_text);
+	args[3] = ObjectIdGetDatum(owner);
+	args[4] = CStringGetTextDatum(group_id);
+	args[5] = CStringGetTextDatum(start_from);
+	args[6] = PG_ARGISNULL(5) ? (Datum) 0 : Int32GetDatum(PG_GETARG_INT32(5));
+	if (PG_ARGISNULL(5))
+		nulls[6] = 'n';
+	args[7] = CStringGetTextDatum(policy);
+
+	as_owner_begin(&save);
+	SPI_connect();
+
+	/*
+	 * A group's members share its offsets and dedupe rows: a member that
+	 * applies nothing would take messages from the others.  Joining a group
+	 * is for the roles whose privileges include its owners'.
+	 */
+	{
+		Oid			gtypes[1] = {TEXTOID};
+		Datum		gargs[1];
+		uint64		k;
+
+		gargs[0] = CStringGetTextDatum(group_id);
+		if (SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid FROM outbox.subscriptions s"
+								  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",
+								  1, gtypes, gargs, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "reading the group's subscriptions failed");
+		for (k = 0; k < SPI_processed; k++)
+		{
+			bool		isnull;
+			Oid			other = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[k],
+															   SPI_tuptable->tupdesc, 2, &isnull));
+
+			if (!has_privs_of_role(owner, other))
+				ereport(ERROR,
+						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+						 errmsg("consumer group \"%s\" belongs to subscription \"%s\" of another role",
+								group_id,
+								TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[k],
+																  SPI_tuptable->tupdesc, 1, &isnull))),
+						 errdetail("The subscriptions of a group share its offsets and dedupe rows.")));
+		}
+	}
+	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
+								" start_from, max_attempts, poison_policy)"
+								" VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7, $8)"
+								" ON CONFLICT (name) DO NOTHING",
+								8, types, args, nulls, false, 0);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "inserting the subscription failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("subscription \"%s\" already exists", name),
+				 errhint("Call outbox.unsubscribe('%s') first, in the same transaction to change it.", name)));
+	args[0] = Int32GetDatum(batch_size);
+	if (batch_size != 500)
+	{
+		Datum		bargs[2];
+		Oid			btypes[2] = {INT4OID, TEXTOID};
+
+		bargs[0] = Int32GetDatum(batch_size);
+		bargs[1] = CStringGetTextDatum(name);
+		if (SPI_execute_with_args("UPDATE outbox.subscriptions SET batch_size = $1"
+								  " WHERE name OPERATOR(pg_catalog.=) $2",
+								  2, btypes, bargs, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "setting the batch size failed");
+	}
+	(void) batch_type;
+	SPI_finish();
+	as_owner_end(&save);
+	if (!OutboxShmemAvailable())
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox is not in shared_preload_libraries: no worker will apply subscription \"%s\"", name),
+				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_unsubscribe
+ *		SQL outbox.unsubscribe(name): true when it removed the subscription.
+ */
+Datum
+outbox_unsubscribe(PG_FUNCTION_ARGS)
+{
+	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1];
+	AsOwner		save;
+	Oid			caller = GetUserId();
+	Oid			owner = InvalidOid;
+	bool		isnull;
+	bool		found;
+
+	args[0] = CStringGetTextDatum(name);
+	as_owner_begin(&save);
+	SPI_connect();
+	if (SPI_execute_with_args("SELECT s.owner::pg_catalog.oid FROM outbox.subscriptions s"
+							  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the subscription failed");
+	found = SPI_processed > 0;
+	if (found)
+		owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (found && !has_privs_of_role(caller, owner))
+	{
+		SPI_finish();
+		as_owner_end(&save);
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("must be a member of the role that owns subscription \"%s\"", name)));
+	}
+	if (found &&
+		SPI_execute_with_args("DELETE FROM outbox.subscriptions WHERE name OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "deleting the subscription failed");
+	SPI_finish();
+	as_owner_end(&save);
+	PG_RETURN_BOOL(found);
+}
+
+/* the name column (1) of each row of a transition table */
+static void
+remember_names(Tuplestorestate *store, TupleDesc desc)
+{
+	TupleTableSlot *slot;
+
+	if (store == NULL)
+		return;
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	tuplestore_rescan(store);
+	while (tuplestore_gettupleslot(store, true, false, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, 1, &isnull);
+
+		if (!isnull)
+			remember(&changed_names, TextDatumGetCString(d));
+	}
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * outbox_subscriptions_changed
+ *		Statement trigger on outbox.subscriptions: the names written go to
+ *		shared memory at commit, whoever wrote them (subscribe(), a restore,
+ *		a superuser's own statement).
+ */
+Datum
+outbox_subscriptions_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox.subscriptions_changed() is a trigger")));
+	remember_names(trigdata->tg_oldtable, RelationGetDescr(trigdata->tg_relation));
+	remember_names(trigdata->tg_newtable, RelationGetDescr(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * outbox_inbox_wake
+ *		SQL outbox.inbox_wake(subscription): at commit, the worker looks at
+ *		its replays and parked keys.
+ */
+Datum
+outbox_inbox_wake(PG_FUNCTION_ARGS)
+{
+	remember(&woken_names, text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	PG_RETURN_VOID();
+}
+
+/*
+ * OutboxSubscriptionsAnnounce
+ *		Probe: ask for a slot for each subscription of this database (in
+ *		the caller's transaction; a database older than 1.5 has none).
+ */
+void
+OutboxSubscriptionsAnnounce(void)
+{
+	uint64		i;
+	Oid			nsp = get_namespace_oid("outbox", true);
+
+	if (!OidIsValid(nsp) || !OidIsValid(get_relname_relid("subscriptions", nsp)))
+		return;
+	SPI_connect();
+	if (SPI_execute("SELECT s.name FROM outbox.subscriptions s", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading the subscriptions failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		char	   *name = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (!OutboxInboxRequest(MyDatabaseId, name, false))
+			ereport(WARNING,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("outbox subscription \"%s\" has no worker: all outbox.max_subscriptions slots are taken",
+							name)));
+	}
+	SPI_finish();
+}
+
+static Datum
+tz_or_null(TimestampTz t, bool *isnull)
+{
+	*isnull = (t == 0);
+	return TimestampTzGetDatum(t);
+}
+
+/*
+ * outbox_subscription_status
+ *		SQL outbox.subscription_status(): every subscription of this
+ *		database (read from the table with the extension owner's rights),
+ *		with what its worker's slot says and its current dead letters.
+ */
+Datum
+outbox_subscription_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	OutboxInboxView *views;
+	int			nviews;
+	AsOwner		save;
+	uint64		i;
+
+	OutboxMaterializedSRF(fcinfo);
+	nviews = OutboxInboxList(MyDatabaseId, &views);
+	as_owner_begin(&save);
+	SPI_connect();
+	if (SPI_execute("SELECT s.name,"
+					" (SELECT pg_catalog.count(*) FROM outbox.inbox_dead_letters d"
+					"   WHERE d.consumer_group OPERATOR(pg_catalog.=) s.group_id"
+					"     AND d.state OPERATOR(pg_catalog.<>) 'parked'),"
+					" (SELECT pg_catalog.count(*) FROM outbox.inbox_dead_letters d"
+					"   WHERE d.consumer_group OPERATOR(pg_catalog.=) s.group_id"
+					"     AND d.state OPERATOR(pg_catalog.=) 'parked')"
+					" FROM outbox.subscriptions s ORDER BY s.name", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading the subscriptions failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		values[13];
+		bool		nulls[13];
+		bool		isnull;
+		HeapTuple	t = SPI_tuptable->vals[i];
+		char	   *name = TextDatumGetCString(SPI_getbinval(t, SPI_tuptable->tupdesc, 1, &isnull));
+		OutboxInboxView *v = NULL;
+		int			k;
+		int64		lag = 0;
+		bool		lag_known = false;
+
+		for (k = 0; k < nviews; k++)
+			if (strcmp(views[k].name, name) == 0)
+				v = &views[k];
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = CStringGetTextDatum(name);
+		values[1] = CStringGetTextDatum(v ? OutboxInboxStateName(v->pid ? v->state : OUTBOX_INBOX_STOPPED)
+										: OutboxInboxStateName(OUTBOX_INBOX_STOPPED));
+		values[2] = Int32GetDatum(v ? v->pid : 0);
+		nulls[2] = (v == NULL || v->pid == 0);
+		values[3] = tz_or_null(v && v->pid ? v->started_at : 0, &nulls[3]);
+		values[4] = Int64GetDatum(v ? (int64) v->processed : 0);
+		values[5] = Int64GetDatum(v ? (int64) v->deduplicated : 0);
+		values[6] = Int64GetDatum(v ? (int64) v->failed : 0);
+		values[7] = SPI_getbinval(t, SPI_tuptable->tupdesc, 2, &isnull);
+		values[8] = SPI_getbinval(t, SPI_tuptable->tupdesc, 3, &isnull);
+		if (v != NULL)
+			for (k = 0; k < v->nparts; k++)
+				if (v->parts[k].high >= 0 && v->parts[k].next_offset >= 0)
+				{
+					lag += Max(0, v->parts[k].high - v->parts[k].next_offset);
+					lag_known = true;
+				}
+		values[9] = Int64GetDatum(lag);
+		nulls[9] = !lag_known;
+		values[10] = tz_or_null(v ? v->last_applied_at : 0, &nulls[10]);
+		values[11] = v && v->last_error[0] ? CStringGetTextDatum(v->last_error) : (Datum) 0;
+		nulls[11] = !(v && v->last_error[0]);
+		values[12] = tz_or_null(v ? v->last_error_at : 0, &nulls[12]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	SPI_finish();
+	as_owner_end(&save);
+	return (Datum) 0;
+}
+
+/*
+ * outbox_subscription_lag
+ *		SQL outbox.subscription_lag(): per running subscription and assigned
+ *		partition, from its worker's slot.
+ */
+Datum
+outbox_subscription_lag(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	OutboxInboxView *views;
+	int			nviews;
+	int			i;
+	int			k;
+
+	OutboxMaterializedSRF(fcinfo);
+	nviews = OutboxInboxList(MyDatabaseId, &views);
+	for (i = 0; i < nviews; i++)
+	{
+		if (views[i].pid == 0)
+			continue;
+		for (k = 0; k < views[i].nparts; k++)
+		{
+			OutboxInboxPart *p = &views[i].parts[k];
+			Datum		values[6];
+			bool		nulls[6];
+
+			memset(nulls, 0, sizeof(nulls));
+			values[0] = CStringGetTextDatum(views[i].name);
+			values[1] = CStringGetTextDatum(p->topic);
+			values[2] = Int32GetDatum(p->partition);
+			values[3] = Int64GetDatum(p->next_offset);
+			nulls[3] = p->next_offset < 0;
+			values[4] = Int64GetDatum(p->high);
+			nulls[4] = p->high < 0;
+			values[5] = Int64GetDatum(Max(0, p->high - p->next_offset));
+			nulls[5] = nulls[3] || nulls[4];
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	return (Datum) 0;
+}
