@@ -31,6 +31,7 @@ $node->safe_psql(
 CREATE ROLE monitoring LOGIN;
 GRANT USAGE ON SCHEMA outbox TO monitoring;
 GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() TO monitoring;
+GRANT EXECUTE ON FUNCTION outbox.subscription_status(), outbox.subscription_lag() TO monitoring;
 GRANT SELECT ON outbox.status TO monitoring;
 GRANT pg_monitor TO monitoring;
 CREATE ROLE writer LOGIN;
@@ -42,6 +43,13 @@ CREATE ROLE consumer LOGIN;
 GRANT USAGE ON SCHEMA outbox TO consumer;
 GRANT EXECUTE ON FUNCTION outbox.consume_once(text, uuid) TO consumer;
 CREATE SCHEMA trap_consumer AUTHORIZATION consumer;
+CREATE ROLE subscriber LOGIN;
+GRANT USAGE ON SCHEMA outbox TO subscriber;
+GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, text, integer, text, integer),
+	outbox.unsubscribe(text) TO subscriber;
+CREATE SCHEMA trap_subscriber AUTHORIZATION subscriber;
+CREATE FUNCTION trap_subscriber.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS 'SELECT';
+ALTER FUNCTION trap_subscriber.apply(outbox.inbound_message) OWNER TO subscriber;
 });
 
 # Operators shadowing the built-in ones a query could resolve through the
@@ -100,6 +108,7 @@ VALUES (outbox.uuid_v7(), 1, 'order', 'o-9', 'order.confirmed', 'outbox.event.or
 plant_traps('monitoring');
 plant_traps('writer');
 plant_traps('consumer');
+plant_traps('subscriber');
 
 sub is_superuser
 {
@@ -113,11 +122,17 @@ my @calls = (
 	[ 'monitoring', 'outbox.metrics()', 'SELECT length(outbox.metrics()) > 0' ],
 	[ 'monitoring', 'outbox.health()', "SELECT status FROM outbox.health('1 min')" ],
 	[ 'monitoring', 'outbox.holds()', 'SELECT count(*) FROM outbox.holds()' ],
+	[ 'monitoring', 'outbox.subscription_status()', 'SELECT count(*) FROM outbox.subscription_status()' ],
 	[
 		'writer', 'outbox.emit()',
 		"SELECT outbox.emit('order', 'o-1', 'order.confirmed', '{\"total\": 1}') IS NOT NULL"
 	],
-	[ 'consumer', 'outbox.consume_once()', "SELECT outbox.consume_once('billing', gen_random_uuid())" ]);
+	[ 'consumer', 'outbox.consume_once()', "SELECT outbox.consume_once('billing', gen_random_uuid())" ],
+	[
+		'subscriber', 'outbox.subscribe()',
+		"SELECT outbox.subscribe('trap', ARRAY['t'], 'trap_subscriber.apply(outbox.inbound_message)') IS NULL"
+	],
+	[ 'subscriber', 'outbox.unsubscribe()', "SELECT outbox.unsubscribe('trap')" ]);
 
 for my $call (@calls)
 {

@@ -258,4 +258,37 @@ ok(poll_until($node, 'b', 'SELECT count(*), count(DISTINCT subscription) FROM ou
 check_exactly_once('a rebalance under load');
 is($node->safe_psql('b', "SELECT count(*) FROM outbox.subscriptions"), '1', 'one subscription is left');
 
+# 7. a hostile handler runs as its subscriber and cannot climb out of it
+$kafka->command("create hostile 1");
+$node->safe_psql('b', q{
+CREATE FUNCTION public.climb(m outbox.inbound_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE convert_from(m.value, 'UTF8');
+END $$;
+ALTER FUNCTION public.climb(outbox.inbound_message) OWNER TO app;
+SET ROLE app;
+SELECT outbox.subscribe('hostile', ARRAY['hostile'], 'public.climb(outbox.inbound_message)', max_attempts => 1, poison_policy => 'skip');
+});
+my @attacks = (
+	'SET ROLE postgres',
+	'SET SESSION AUTHORIZATION postgres',
+	'RESET ROLE; ALTER ROLE app SUPERUSER',
+	'ALTER ROLE app SUPERUSER',
+	'SELECT count(*) FROM outbox.subscriptions',
+	'UPDATE outbox.inbox_offsets SET next_offset = 0',
+	'CREATE TEMP TABLE t (x int)',
+	'SELECT set_config(\'search_path\', \'public\', false); ALTER ROLE app SUPERUSER');
+for my $attack (@attacks)
+{
+	run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', 'hostile', '-k', 'k' ], '<', \$attack)
+	  or die 'kcat failed';
+}
+ok(poll_until($node, 'b', "SELECT count(*) FROM outbox.inbox_dead_letters WHERE subscription = 'hostile'",
+	scalar(@attacks), 30), 'every attack of the hostile handler failed and was dead-lettered');
+is($node->safe_psql('b', "SELECT string_agg(DISTINCT last_sqlstate, ',' ORDER BY last_sqlstate) FROM outbox.inbox_dead_letters WHERE subscription = 'hostile'"),
+	'42501', 'each with insufficient_privilege');
+is($node->safe_psql('b', "SELECT rolsuper FROM pg_roles WHERE rolname = 'app'"), 'f', 'the subscriber is still no superuser');
+is($node->safe_psql('b', "SELECT count(*) FROM pg_roles WHERE rolname = 'app' AND rolsuper"), '0', 'and no role was changed');
+
 done_testing();

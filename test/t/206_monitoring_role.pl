@@ -50,7 +50,9 @@ my @reads = (
 	[ 'health()', 'SELECT status FROM outbox.health()', 'ok' ],
 	[ "health(max_age => '5 min')", q{SELECT status FROM outbox.health(max_age => '5 min')}, 'ok' ],
 	[ 'holds()', 'SELECT count(*) FROM outbox.holds()', '0' ],
-	[ "the view's held partitions", q{SELECT held_events || coalesce(holds::text, '-') FROM outbox.status}, '0-' ],);
+	[ "the view's held partitions", q{SELECT held_events || coalesce(holds::text, '-') FROM outbox.status}, '0-' ],
+	[ 'subscription_status()', 'SELECT count(*) FROM outbox.subscription_status()', '0' ],
+	[ 'subscription_lag()', 'SELECT count(*) FROM outbox.subscription_lag()', '0' ],);
 
 # like poll_until, as a role, against a pattern
 sub poll_until_as
@@ -81,6 +83,7 @@ $node->safe_psql(
 	'postgres', q{
 GRANT USAGE ON SCHEMA outbox TO watcher;
 GRANT EXECUTE ON FUNCTION outbox.status(), outbox.metrics(), outbox.health(interval), outbox.holds() TO watcher;
+GRANT EXECUTE ON FUNCTION outbox.subscription_status(), outbox.subscription_lag() TO watcher;
 GRANT SELECT ON outbox.status TO watcher;
 });
 foreach my $r (@reads)
@@ -97,7 +100,9 @@ foreach my $q (
 	[ 'outbox.events payloads', 'SELECT payload FROM outbox.events' ],
 	[ 'outbox.events at all', 'SELECT count(*) FROM outbox.events' ],
 	[ 'outbox.dead_letters', 'SELECT count(*) FROM outbox.dead_letters' ],
-	[ 'outbox.held', 'SELECT count(*) FROM outbox.held' ],)
+	[ 'outbox.held', 'SELECT count(*) FROM outbox.held' ],
+	[ 'outbox.subscriptions', 'SELECT count(*) FROM outbox.subscriptions' ],
+	[ 'outbox.inbox_dead_letters', 'SELECT count(*) FROM outbox.inbox_dead_letters' ],)
 {
 	($ok, $out, $err) = as_role('watcher', $q->[1]);
 	ok(!$ok && $err =~ /permission denied for table/,
@@ -107,6 +112,10 @@ foreach my $q (
 	q{SELECT outbox.emit('payment', 'p-2', 'payment.taken', '{}')});
 ok(!$ok && $err =~ /permission denied for function emit/,
 	'the monitoring role cannot emit');
+($ok, $out, $err) = as_role('watcher',
+	q{SELECT outbox.subscribe('w', ARRAY['t'], 'pg_catalog.pg_backend_pid()')});
+ok(!$ok && $err =~ /permission denied for function subscribe/,
+	'the monitoring role cannot subscribe');
 ($ok, $out, $err) = as_role('watcher', 'SHOW outbox.kafka_config');
 ok(!$ok && $err =~ /must be superuser|permission denied|pg_read_all_settings/,
 	'the monitoring role cannot read outbox.kafka_config');
