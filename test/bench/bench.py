@@ -19,6 +19,11 @@ it is compared with:
   opentx      relay CPU per safety poll while a transaction holding 300,000
               uncommitted events stays open, vs none open
   held xmin   drain rate while another session holds a transaction open
+  inbox       a subscription whose handler inserts one row: messages
+              applied per second from a backlog in Kafka (against the
+              20,000/s target), and the full loop at 100 events/s: commit in
+              one database to the handler's row in another, beside the
+              Kafka arrival of the same events as kcat sees it
   debezium    (only when asked: --sections=debezium) the relay against
               Debezium Server's outbox EventRouter on the same server
               (wal_level = logical), the same 3-broker Apache Kafka
@@ -45,7 +50,7 @@ QUICK = "--quick" in sys.argv
 # --sections=emit,drain,latency,idle,held runs a subset; latency without
 # drain takes the drain rate (and baseline batch) from --drain-rate=N,B
 SECTIONS = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--sections=")),
-                ["emit", "drain", "latency", "idle", "held", "bigtx", "opentx"])
+                ["emit", "drain", "latency", "idle", "held", "bigtx", "opentx", "inbox"])
 GIVEN_DRAIN = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--drain-rate=")),
                    None)
 SMOKE = "--smoke" in sys.argv      # checks the script itself, in a minute
@@ -57,6 +62,7 @@ LAT_SECS = 4 if SMOKE else 10 if QUICK else 20
 IDLE_SECS = 5 if SMOKE else 20 if QUICK else 60
 BIGTX_EVENTS = 30_000 if SMOKE else 300_000
 OPENTX_SECS = 5 if SMOKE else 10 if QUICK else 20
+INBOX_BACKLOG = 20_000 if SMOKE else 100_000 if QUICK else 300_000
 BASELINE_BATCHES = [1000] if SMOKE else [1000, 5000] if QUICK else [500, 2000, 10000]
 PAD = "x" * 120            # with the other fields, about 200 bytes of JSON
 
@@ -989,6 +995,82 @@ def bench_debezium(server, conn):
             pass
 
 
+# ------------------------------------------------------------------- inbox
+
+def bench_inbox(server, conn):
+    """The consumer side: a subscription in database sink applies what the
+    relay of database bench publishes."""
+    run_pg([f"{BINDIR}/createdb", "-h", server.dir, "-p", str(server.port), "-U", "postgres", "sink"])
+    sink = psycopg2.connect(server.dsn.replace("dbname=bench", "dbname=sink"))
+    sink.autocommit = True
+    q(sink, "CREATE EXTENSION outbox")
+    q(sink, """CREATE TABLE applied (t bigint, applied_at timestamptz DEFAULT clock_timestamp())""")
+    q(sink, """CREATE FUNCTION apply(m outbox.inbound_message) RETURNS void LANGUAGE plpgsql AS $$
+               BEGIN
+                   INSERT INTO public.applied (t) VALUES ((m.payload->>'t')::bigint);
+               END $$""")
+
+    # The mock cluster answers a fetch only after its whole wait (Apache
+    # Kafka answers as soon as data arrives): a short wait, as kcat's below
+    set_conf(conn, "outbox.kafka_config", "reconnect.backoff.max.ms=500;fetch.wait.max.ms=5")
+
+    # 1. a backlog already in Kafka, applied by a new subscription
+    set_conf(conn, "outbox.enabled", "on")
+    q(conn, "SELECT outbox.emit('sink', '0', 'warm', '{}')")
+    base = published(conn)
+    q(conn, f"""SELECT outbox.emit('sink', mod(i, {AGGREGATES})::text, 'sunk',
+                       jsonb_build_object('t', i, 'pad', '{PAD}'))
+                  FROM generate_series(1, {INBOX_BACKLOG}) i""")
+    wait_published(conn, base + INBOX_BACKLOG)
+    set_conf(conn, "outbox.enabled", "off")
+    total = INBOX_BACKLOG + 1
+    t0 = time.time()
+    q(sink, "SELECT outbox.subscribe('sink', ARRAY['outbox.event.sink'], 'public.apply(outbox.inbound_message)')")
+    while q1(sink, "SELECT count(*) FROM applied") < total:
+        if time.time() - t0 > 1800:
+            raise RuntimeError("the subscription did not apply the backlog")
+        time.sleep(0.2)
+    wall = time.time() - t0
+    first, last = q(sink, "SELECT extract(epoch FROM min(applied_at)), extract(epoch FROM max(applied_at)) FROM applied")[0]
+    rate = (total - 1) / float(last - first)
+    row("inbox", f"subscription applies {INBOX_BACKLOG:,} messages", fmt(rate), "msg/s",
+        f"{rate / 20000:.2f}", f"vs the 20,000/s target; {wall:.1f} s with the group join")
+
+    # 2. the full loop at 100 events/s: commit in bench, row in sink
+    q(sink, "TRUNCATE applied")
+    set_conf(conn, "outbox.enabled", "on")
+    time.sleep(2)
+    consumer = Consumer(server_brokers(conn), "outbox.event.sink")
+    time.sleep(3)
+    tick = ("SELECT outbox.emit('sink', (:client_id * 100000 + (random() * 10000)::int)::text, 'tick', "
+            "jsonb_build_object('t', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, "
+            f"'pad', '{PAD}'));\n")
+    pgbench(server, tick, LAT_SECS, 4, rate=100)
+    kafka = consumer.stop()
+    time.sleep(1)
+    loop = sorted(float(r[0]) for r in q(sink, """
+        SELECT extract(epoch FROM applied_at) * 1000 - t / 1000.0 FROM applied WHERE t > 1000000000000"""))
+    set_conf(conn, "outbox.enabled", "off")
+    set_conf(conn, "outbox.kafka_config", "reconnect.backoff.max.ms=500")
+    row("inbox", "full loop p50/p95/p99 at 100 ev/s (commit to row)",
+        f"{pct(loop, 50):.1f}/{pct(loop, 95):.1f}/{pct(loop, 99):.1f}", "ms",
+        f"{pct(loop, 50) / 20:.2f}", f"p50 vs the 20 ms target; {len(loop)} events")
+    row("inbox", "of which commit to Kafka arrival (kcat) p50/p95/p99",
+        f"{pct(kafka, 50):.1f}/{pct(kafka, 95):.1f}/{pct(kafka, 99):.1f}", "ms",
+        f"{pct(loop, 50) / max(pct(kafka, 50), 0.001):.2f}", "loop p50 / arrival p50")
+    st = q(sink, "SELECT state, processed, deduplicated, failed, last_error, lag FROM outbox.subscription_status()") + q(sink, "SELECT * FROM outbox.subscription_lag()") + q(sink, "SELECT * FROM outbox.inbox_offsets")
+    if not loop:
+        print(f"  inbox: no loop events applied; subscription status {st}", flush=True)
+        print(subprocess.run(["tail", "-30", os.path.join(server.dir, "server.log")],
+                             capture_output=True, text=True).stdout)
+    q(sink, "SELECT outbox.unsubscribe('sink')")
+    sink.close()
+
+
+def server_brokers(conn):
+    return q1(conn, "SHOW outbox.kafka_brokers")
+
+
 def main():
     broker = Broker()
     server = Server(broker.bootstrap, logical="debezium" in SECTIONS)
@@ -1019,6 +1101,8 @@ def main():
             bench_bigtx(conn)
         if "opentx" in SECTIONS:
             bench_opentx(conn)
+        if "inbox" in SECTIONS:
+            bench_inbox(server, conn)
         if "debezium" in SECTIONS:
             bench_debezium(server, conn)
     finally:

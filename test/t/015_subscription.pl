@@ -22,6 +22,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run qw(run);
+use Time::HiRes qw(time);
 
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
@@ -257,6 +258,18 @@ ok(poll_until($node, 'b', 'SELECT count(*), count(DISTINCT subscription) FROM ou
 	'its partitions went back to the first');
 check_exactly_once('a rebalance under load');
 is($node->safe_psql('b', "SELECT count(*) FROM outbox.subscriptions"), '1', 'one subscription is left');
+
+# an unsubscribe and a subscribe in quick succession: the worker starts
+# again with the row as it is now, and resumes from the group's offsets
+$node->safe_psql('b', "SELECT outbox.unsubscribe('orders')");
+$node->safe_psql('b', q{SET ROLE app;
+SELECT outbox.subscribe('orders', ARRAY['outbox.event.order'], 'public.apply(outbox.inbound_message)', max_attempts => 3)});
+my $t_resub = time();
+ok(poll_until($node, 'b', 'SELECT count(*) FROM outbox.subscription_lag()', '4', 30),
+	'the new worker has the 4 partitions again');
+note sprintf('resubscribed: partitions assigned again after %.1f s', time() - $t_resub);
+emit(50, 20);
+check_exactly_once('unsubscribe, then subscribe again');
 
 # 7. a hostile handler runs as its subscriber and cannot climb out of it
 $kafka->command("create hostile 1");
