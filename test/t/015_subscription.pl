@@ -304,4 +304,16 @@ is($node->safe_psql('b', "SELECT string_agg(DISTINCT last_sqlstate, ',' ORDER BY
 is($node->safe_psql('b', "SELECT rolsuper FROM pg_roles WHERE rolname = 'app'"), 'f', 'the subscriber is still no superuser');
 is($node->safe_psql('b', "SELECT count(*) FROM pg_roles WHERE rolname = 'app' AND rolsuper"), '0', 'and no role was changed');
 
+# a dump restored into a new database brings the subscription, its offsets
+# and dedupe rows, and its worker starts there
+$node->safe_psql('b', "SELECT outbox.unsubscribe('hostile')");
+$node->safe_psql('postgres', 'CREATE DATABASE c');
+my $dump = $node->safe_psql('postgres', 'SELECT 1') && `pg_dump -h ${\$node->host} -p ${\$node->port} -d b`;
+$node->safe_psql('c', $dump);
+is($node->safe_psql('c', 'SELECT name, group_id FROM outbox.subscriptions'), 'orders|orders', 'the restore has the subscription');
+is($node->safe_psql('c', 'SELECT count(*) > 0 FROM outbox.inbox_offsets'), 't', 'and its offsets');
+ok(poll_until($node, 'postgres',
+	"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox subscription' AND datname = 'c'", '1', 30),
+	'the restored subscription has its worker');
+
 done_testing();
