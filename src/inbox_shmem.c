@@ -404,6 +404,10 @@ OutboxInboxAttach(int i, Oid dboid, const char *name)
 		s->v.state = OUTBOX_INBOX_STARTING;
 		s->v.started_at = GetCurrentTimestamp();
 		s->v.nparts = 0;
+		/* figures are the worker's: since it started */
+		s->v.processed = s->v.deduplicated = s->v.failed = 0;
+		s->v.dead_lettered = s->v.parked = 0;
+		s->v.last_applied_at = 0;
 		SpinLockRelease(&s->mutex);
 		result = s;
 	}
