@@ -817,7 +817,9 @@ REVOKE ALL ON FUNCTION outbox.inbox_cleanup(integer) FROM PUBLIC;
  * truth: the worker seeks to them, and a message below its partition's
  * next offset is never applied again.  Rows are written by subscribe() and
  * unsubscribe(); the statement trigger tells the launcher at commit, so a
- * restore or a superuser's own INSERT starts workers too.
+ * restore or a superuser's own INSERT starts workers too.  The dedupe rows
+ * of a group are those of consumer 'outbox:<group>', a name consume_once()
+ * refuses (below), so no consume_once() caller can forge or share them.
  */
 CREATE TABLE outbox.subscriptions (
 	name			text PRIMARY KEY
@@ -924,7 +926,9 @@ CREATE TABLE outbox.inbox_dead_letters (
 	message			outbox.inbound_message NOT NULL,
 	UNIQUE (consumer_group, topic, kafka_partition, kafka_offset)
 );
-CREATE INDEX inbox_dead_letters_key_idx ON outbox.inbox_dead_letters (consumer_group, topic, key);
+/* a key can be longer than a btree entry: its hash is indexed */
+CREATE INDEX inbox_dead_letters_key_idx ON outbox.inbox_dead_letters
+	(consumer_group, topic, pg_catalog.hashtextextended(key, 0));
 COMMENT ON TABLE outbox.inbox_dead_letters IS
 	'Messages a subscription''s handler failed on (dead), those parked behind them, and those queued again (replay)';
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_dead_letters', '');
@@ -1100,3 +1104,35 @@ REVOKE ALL ON FUNCTION outbox.inbox_replay(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_discard(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_status() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_lag() FROM PUBLIC;
+
+/* consumer names starting with 'outbox:' belong to the subscriptions */
+CREATE OR REPLACE FUNCTION outbox.consume_once(consumer text, event_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF consume_once.consumer IS NULL THEN
+		RAISE EXCEPTION 'consumer must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF consume_once.event_id IS NULL THEN
+		RAISE EXCEPTION 'event_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF pg_catalog.char_length(consume_once.consumer) OPERATOR(pg_catalog.=) 0 THEN
+		RAISE EXCEPTION 'consumer must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF pg_catalog.char_length(consume_once.consumer) OPERATOR(pg_catalog.>) 200 THEN
+		RAISE EXCEPTION 'consumer must be at most 200 characters'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF pg_catalog.left(consume_once.consumer, 7) OPERATOR(pg_catalog.=) 'outbox:' THEN
+		RAISE EXCEPTION 'consumer names starting with "outbox:" belong to subscriptions'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	INSERT INTO outbox.inbox (consumer, event_id)
+	VALUES (consume_once.consumer, consume_once.event_id)
+	ON CONFLICT DO NOTHING;
+	RETURN FOUND;
+END
+$$;

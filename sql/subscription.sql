@@ -38,6 +38,7 @@ SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbou
 SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', poison_policy => 'drop')$$);
 SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', batch_size => 0)$$);
 SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', group_id => '')$$);
+SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)', group_id => repeat('g', 194))$$);
 -- the handler runs as the subscriber, who must be allowed to run it
 SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.secret(outbox.inbound_message)')$$);
 
@@ -68,6 +69,19 @@ RESET ROLE;
 SET ROLE outbox_sub_nobody;
 SELECT t.err($$SELECT outbox.subscribe('n', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
 SELECT t.err($$SELECT * FROM outbox.subscription_status()$$);
+RESET ROLE;
+
+-- a subscription's change cannot be prepared: COMMIT PREPARED would not start its worker
+BEGIN;
+SELECT outbox.subscribe('p', ARRAY['orders'], 'subs.apply(outbox.inbound_message)');
+PREPARE TRANSACTION 'outbox_sub';
+SELECT count(*) FROM outbox.subscription_status() WHERE name = 'p';
+RESET ROLE;
+-- consume_once() cannot write a subscription's dedupe rows
+GRANT EXECUTE ON FUNCTION outbox.consume_once(text, uuid) TO outbox_sub_other;
+SET ROLE outbox_sub_other;
+SELECT t.err($$SELECT outbox.consume_once('outbox:s', 'f0000000-0000-7000-8000-000000000001')$$);
+SELECT outbox.consume_once('outbox-s', 'f0000000-0000-7000-8000-000000000001') AS other_names_work;
 RESET ROLE;
 
 -- the owner unsubscribes; a second time there is nothing to remove

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "access/htup_details.h"
+#include "access/xlog.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
@@ -130,6 +131,8 @@ typedef struct Subscription
 	Oid			handler;
 	Oid			owner;
 	char	   *group_id;
+	char	   *kafka_group;	/* the Kafka group.id: see load_subscription */
+	char	   *dedupe_name;	/* its consumer in outbox.inbox */
 	bool		earliest;
 	int			max_attempts;	/* 0: outbox.max_attempts */
 	bool		block;
@@ -308,6 +311,18 @@ load_subscription(Worker *w, const char *name, char **problem)
 	handler_text = TextDatumGetCString(SPI_getbinval(tup, desc, 2, &isnull));
 	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
 	s->group_id = TextDatumGetCString(SPI_getbinval(tup, desc, 4, &isnull));
+
+	/*
+	 * Kafka's group names are global to the cluster, the database's offsets
+	 * are not: two databases (or two servers) with a group of one name would
+	 * split its partitions and each skip the other's share.  The Kafka group
+	 * is this database's own; its committed offsets are only for people.
+	 */
+	s->kafka_group = psprintf("outbox.%llu.%u.%s",
+							  (unsigned long long) GetSystemIdentifier(),
+							  MyDatabaseId, s->group_id);
+	/* consume_once() refuses names starting with "outbox:" */
+	s->dedupe_name = psprintf("outbox:%s", s->group_id);
 	s->earliest = strcmp(TextDatumGetCString(SPI_getbinval(tup, desc, 5, &isnull)), "earliest") == 0;
 	d = SPI_getbinval(tup, desc, 6, &isnull);
 	s->max_attempts = isnull ? 0 : DatumGetInt32(d);
@@ -436,6 +451,31 @@ on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
 			if (SPI_processed > 0)
 				assigned[i].offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 																 SPI_tuptable->tupdesc, 1, &isnull));
+			else if (!w->sub.earliest)
+			{
+				/*
+				 * start_from latest: the partition's end now, recorded, so that
+				 * a restart before the first message starts there too and
+				 * loses nothing produced meanwhile.
+				 */
+				Oid			itypes[4] = {TEXTOID, TEXTOID, INT4OID, INT8OID};
+				Datum		iargs[4];
+				int64		end = OutboxConsumerQueryEnd(w->consumer, assigned[i].topic,
+														 assigned[i].partition, 5000);
+
+				if (end < 0)
+					elog(ERROR, "the end of partition %d of topic \"%s\" is not known",
+						 assigned[i].partition, assigned[i].topic);
+				iargs[0] = args[0];
+				iargs[1] = args[1];
+				iargs[2] = args[2];
+				iargs[3] = Int64GetDatum(end);
+				if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
+										  " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+										  4, itypes, iargs, NULL, false, 0) != SPI_OK_INSERT)
+					elog(ERROR, "recording where the partition starts failed");
+				assigned[i].offset = end;
+			}
 			p = add_part(w, assigned[i].topic, assigned[i].partition);
 			p->next_offset = assigned[i].offset;
 			p->retry_offset = -1;
@@ -574,7 +614,8 @@ message_datum(Worker *w, const OutboxInbound *m, bool payload)
 	values[1] = CStringGetTextDatum(m->topic);
 	values[2] = Int32GetDatum(m->partition);
 	values[3] = Int64GetDatum(m->offset);
-	if (m->timestamp_ms >= 0)
+	/* a producer's CreateTime is anything: years 1970 to 5000 only */
+	if (m->timestamp_ms >= 0 && m->timestamp_ms < INT64CONST(95617584000000))
 		values[4] = TimestampTzGetDatum(timestamp_from_unix_ms(m->timestamp_ms));
 	else
 		nulls[4] = true;
@@ -698,7 +739,7 @@ apply_message(Worker *w, Datum message)
 	{
 		Datum		args[2];
 
-		args[0] = CStringGetTextDatum(w->sub.group_id);
+		args[0] = CStringGetTextDatum(w->sub.dedupe_name);
 		args[1] = id;
 		if (SPI_execute_plan(w->plan_dedupe, args, NULL, false, 0) != SPI_OK_INSERT)
 			elog(ERROR, "inserting the dedupe row failed");
@@ -1002,7 +1043,8 @@ try_one(Worker *w, const OutboxInbound *m, Failure *f)
 	MemoryContextSwitchTo(old);
 	PG_TRY();
 	{
-		result = apply_message(w, message_datum(w, m, true)) ?
+		/* a value jsonb refuses (\u0000) arrives with payload NULL */
+		result = apply_message(w, dead_letter_datum(w, m)) ?
 			OUTCOME_APPLIED : OUTCOME_DUPLICATE;
 		ReleaseCurrentSubTransaction();
 	}
@@ -1113,6 +1155,14 @@ apply_batch(Worker *w, OutboxInbound *msgs, int n)
 
 	memset(&tally, 0, sizeof(tally));
 	StartTransactionCommand();
+	/* the owner may have lost the right since the worker started */
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(w->sub.owner)) ||
+		!OutboxRoleMayExecute(w->sub.owner, w->sub.handler))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox subscription \"%s\": its owner may no longer execute its handler",
+						w->sub.name),
+				 errdetail("The worker stops; it waits for the subscription to change.")));
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	nbps = lock_partitions(w, msgs, n, bps);
@@ -1254,7 +1304,13 @@ run_replays(Worker *w)
 	args[0] = CStringGetTextDatum(w->sub.group_id);
 	if (SPI_execute_with_args("SELECT d.id, d.topic, d.key, d.message, d.attempts FROM outbox.inbox_dead_letters d"
 							  " WHERE d.consumer_group OPERATOR(pg_catalog.=) $1"
-							  " AND (d.state OPERATOR(pg_catalog.=) 'replay'"
+							  " AND ((d.state OPERATOR(pg_catalog.=) 'replay' AND NOT EXISTS ("
+							  "   SELECT 1 FROM outbox.inbox_dead_letters e"
+							  "    WHERE e.consumer_group OPERATOR(pg_catalog.=) d.consumer_group"
+							  "      AND e.topic OPERATOR(pg_catalog.=) d.topic"
+							  "      AND e.key OPERATOR(pg_catalog.=) d.key"
+							  "      AND e.state OPERATOR(pg_catalog.=) 'dead'"
+							  "      AND e.id OPERATOR(pg_catalog.<) d.id))"
 							  "  OR (d.state OPERATOR(pg_catalog.=) 'parked' AND NOT EXISTS ("
 							  "   SELECT 1 FROM outbox.inbox_dead_letters h"
 							  "    WHERE h.consumer_group OPERATOR(pg_catalog.=) d.consumer_group"
@@ -1468,7 +1524,8 @@ worker_detach(int code, Datum arg)
 
 	if (w->consumer != NULL)
 	{
-		OutboxConsumerDestroy(w->consumer, code == 0 ? CLOSE_TIMEOUT_MS : 0);
+		/* leave the group, so that its partitions move at once */
+		OutboxConsumerDestroy(w->consumer, CLOSE_TIMEOUT_MS);
 		w->consumer = NULL;
 	}
 	OutboxInboxDetach(w->slot);
@@ -1498,7 +1555,7 @@ ensure_consumer(Worker *w)
 	if (GetCurrentTimestamp() < w->consumer_retry_at)
 		return false;
 	snprintf(client_id, sizeof(client_id), "outbox-%s", w->sub.name);
-	w->consumer = OutboxConsumerCreate(w->sub.group_id, client_id, w->sub.earliest,
+	w->consumer = OutboxConsumerCreate(w->sub.kafka_group, client_id,
 									   w->sub.topics, w->sub.ntopics,
 									   w->event_pipe[1], on_assignment, w, &why);
 	if (w->consumer == NULL)
@@ -1531,7 +1588,8 @@ OutboxConsumerMain(Datum main_arg)
 	memcpy(&dboid, MyBgworkerEntry->bgw_extra, sizeof(Oid));
 	strlcpy(name, MyBgworkerEntry->bgw_extra + sizeof(Oid), sizeof(name));
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	/* die(): a handler that loops or waits is interrupted too */
+	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
 	w->slot = OutboxInboxAttach(DatumGetInt32(main_arg), dboid, name);
@@ -1584,7 +1642,7 @@ OutboxConsumerMain(Datum main_arg)
 		ereport(WARNING,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("outbox subscription \"%s\" cannot run its handler: %s", name, problem)));
-		while (!ShutdownRequestPending && !OutboxInboxTakeChanged(w->slot))
+		while (!OutboxInboxTakeChanged(w->slot))
 		{
 			CHECK_FOR_INTERRUPTS();
 			worker_wait(w, 10000);
@@ -1597,7 +1655,7 @@ OutboxConsumerMain(Datum main_arg)
 					   w->sub.ntopics, w->sub.batch_size)));
 	msgs = MemoryContextAlloc(w->cxt, sizeof(OutboxInbound) * w->sub.batch_size);
 
-	while (!ShutdownRequestPending)
+	for (;;)
 	{
 		long		timeout;
 		int			n = 0;
@@ -1619,8 +1677,8 @@ OutboxConsumerMain(Datum main_arg)
 			TimestampDifferenceExceeds(w->last_replay_check, now, REPLAY_CHECK_MS))
 		{
 			w->last_replay_check = now;
-			while (run_replays(w) == REPLAY_PAGE && !ShutdownRequestPending)
-				;
+			while (run_replays(w) == REPLAY_PAGE)
+				CHECK_FOR_INTERRUPTS();
 		}
 		if (!ensure_consumer(w))
 		{
@@ -1628,7 +1686,10 @@ OutboxConsumerMain(Datum main_arg)
 			continue;
 		}
 		timeout = resume_due(w);
+		/* librdkafka is on the stack in its callbacks: no exit from there */
+		HOLD_INTERRUPTS();
 		n = OutboxConsumerPoll(w->consumer, msgs, w->sub.batch_size, w->batch_cxt);
+		RESUME_INTERRUPTS();
 		if (OutboxConsumerFailed(w->consumer))
 			ereport(ERROR,
 					(errmsg("outbox subscription \"%s\" could not read its offsets for an assignment",

@@ -108,7 +108,7 @@ hand_over(OutboxConsumer *c, rd_kafka_topic_partition_list_t *partitions,
 	{
 		for (i = 0; i < partitions->cnt; i++)
 			partitions->elems[i].offset = parts[i].offset >= 0 ?
-				parts[i].offset : RD_KAFKA_OFFSET_INVALID;
+				parts[i].offset : RD_KAFKA_OFFSET_BEGINNING;
 		if (cooperative)
 		{
 			rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, partitions);
@@ -122,6 +122,8 @@ hand_over(OutboxConsumer *c, rd_kafka_topic_partition_list_t *partitions,
 		}
 		else
 			(void) rd_kafka_assign(rk, partitions);
+		/* a partition paused for a retry before the rebalance fetches again */
+		(void) rd_kafka_resume_partitions(rk, partitions);
 	}
 	else if (assigned)
 	{
@@ -178,7 +180,7 @@ free_memo(OutboxConsumer *c)
  *		waits on the other end.  NULL and a message in *errmsg on failure.
  */
 OutboxConsumer *
-OutboxConsumerCreate(const char *group_id, const char *client_id, bool earliest,
+OutboxConsumerCreate(const char *group_id, const char *client_id,
 					 char **topics, int ntopics, int event_fd,
 					 OutboxAssignFn assign, void *arg, char **errmsg)
 {
@@ -201,7 +203,12 @@ OutboxConsumerCreate(const char *group_id, const char *client_id, bool earliest,
 	const char *const settings[][2] = {
 		{"group.id", group_id},
 		{"client.id", client_id},
-		{"auto.offset.reset", earliest ? "earliest" : "latest"},
+		/*
+		 * Where a partition goes when its offset is gone (retention passed
+		 * it): to what is left, never past it.  Where a new subscription
+		 * starts is decided on assignment (consumer.c), not here.
+		 */
+		{"auto.offset.reset", "earliest"},
 		{"enable.auto.commit", "false"},
 		{"enable.auto.offset.store", "false"},
 		{"enable.partition.eof", "false"},
@@ -422,6 +429,24 @@ OutboxConsumerCommit(OutboxConsumer *c, const char *topic, int32 partition,
 	if (p == NULL)
 		p = rd_kafka_topic_partition_list_add(c->to_commit, topic, partition);
 	p->offset = next_offset;
+}
+
+/*
+ * OutboxConsumerQueryEnd
+ *		Ask the partition's leader for its end offset (at most timeout_ms);
+ *		-1 when it does not answer.  Called from the assignment callback.
+ */
+int64
+OutboxConsumerQueryEnd(OutboxConsumer *c, const char *topic, int32 partition,
+					   int timeout_ms)
+{
+	int64_t		low;
+	int64_t		high;
+
+	if (rd_kafka_query_watermark_offsets(c->rk, topic, partition, &low, &high,
+										 timeout_ms) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return -1;
+	return high;
 }
 
 /* the partition's high watermark as the last fetch told it, -1 unknown */

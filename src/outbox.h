@@ -549,7 +549,7 @@ typedef struct OutboxAssigned
 {
 	const char *topic;
 	int32		partition;
-	int64		offset;			/* -1: where Kafka says (committed, then start_from) */
+	int64		offset;			/* -1: the partition's beginning */
 } OutboxAssigned;
 
 /*
@@ -563,7 +563,6 @@ typedef bool (*OutboxAssignFn) (OutboxAssigned *parts, int n, bool assigned,
 
 extern OutboxConsumer *OutboxConsumerCreate(const char *group_id,
 											const char *client_id,
-											bool earliest,
 											char **topics, int ntopics,
 											int event_fd, OutboxAssignFn assign,
 											void *arg, char **errmsg);
@@ -576,6 +575,8 @@ extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,
 								 int32 partition);
 extern void OutboxConsumerCommit(OutboxConsumer *consumer, const char *topic,
 								 int32 partition, int64 next_offset);
+extern int64 OutboxConsumerQueryEnd(OutboxConsumer *consumer, const char *topic,
+									int32 partition, int timeout_ms);
 extern int64 OutboxConsumerHighWatermark(OutboxConsumer *consumer,
 										 const char *topic, int32 partition);
 extern bool OutboxConsumerTakeError(OutboxConsumer *consumer, char *buf, size_t len);

@@ -30,6 +30,7 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "funcapi.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -64,6 +65,13 @@ subscribe_xact_callback(XactEvent event, void *arg)
 
 	switch (event)
 	{
+		case XACT_EVENT_PRE_PREPARE:
+			/* COMMIT PREPARED, elsewhere, could not tell the launcher */
+			if (changed_names != NIL)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot PREPARE a transaction that changed outbox subscriptions")));
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
@@ -307,11 +315,13 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				 errdetail("The handler runs as the role that subscribes, which must be allowed to execute it.")));
 
 	group_id = PG_ARGISNULL(3) ? name : text_to_cstring(PG_GETARG_TEXT_PP(3));
-	if (strlen(group_id) < 1 || strlen(group_id) > 255 ||
+	/* its dedupe rows are consumer 'outbox:<group_id>', of 200 characters at most */
+	if (strlen(group_id) < 1 ||
+		pg_mbstrlen_with_len(group_id, strlen(group_id)) > 193 ||
 		!pg_verify_mbstr(GetDatabaseEncoding(), group_id, strlen(group_id), true))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("group_id must have 1 to 255 characters")));
+				 errmsg("group_id must have 1 to 193 characters")));
 	start_from = PG_ARGISNULL(4) ? "earliest" : text_to_cstring(PG_GETARG_TEXT_PP(4));
 	if (strcmp(start_from, "earliest") != 0 && strcmp(start_from, "latest") != 0)
 		ereport(ERROR,
@@ -361,6 +371,9 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 		Datum		gargs[1];
 		uint64		k;
 
+		/* two roles subscribing to one new group at once: one waits */
+		if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "locking the subscriptions failed");
 		gargs[0] = CStringGetTextDatum(group_id);
 		if (SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid FROM outbox.subscriptions s"
 								  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",

@@ -130,7 +130,7 @@ my $row = $node->safe_psql('b', q{
 	  FROM applied a ORDER BY n LIMIT 1});
 is($row, "$topic|t|t|t|t|app", 'the handler sees topic, key, seq, payload and value, and runs as the subscribing role');
 is($node->safe_psql('a', q{SELECT count(*) FROM outbox.events}), $node->safe_psql('b', q{
-	SELECT count(*) FROM outbox.inbox WHERE consumer = 'orders'}), 'each applied event left its dedupe row');
+	SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox:orders'}), 'each applied event left its dedupe row');
 my $status = $node->safe_psql('b',
 	"SET ROLE app; SELECT state, processed >= 400, failed, dead_letters, last_applied_at IS NOT NULL FROM outbox.subscription_status()");
 is($status, 'running|t|0|0|t', 'subscription_status(): running, 400 processed, nothing failed');
@@ -156,6 +156,24 @@ is($node->safe_psql('b', "SELECT count(*) FROM applied WHERE event_id = '$dup_id
 	'the same id produced twice is applied once');
 is($node->safe_psql('b', "SELECT payload IS NULL, convert_from(value, 'UTF8') FROM applied WHERE key = 'plain' LIMIT 1"),
 	't|not json at all', 'a value that is not JSON arrives as value, payload NULL');
+
+# hostile values: JSON that jsonb refuses arrives with payload NULL; a
+# poison message with a key longer than any index entry is dead-lettered
+# like any other, and its partition goes on
+run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', $topic, '-p', '2', '-k', 'nul' ],
+	'<', \'{"a": "\u0000"}') or die 'kcat failed';
+my $long_key = join('', map { ('a' .. 'z', 'A' .. 'Z', 0 .. 9)[ rand 62 ] } 1 .. 3000);
+run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', $topic, '-p', '3', '-k', $long_key ],
+	'<', \'{"poison": true}') or die 'kcat failed';
+run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', $topic, '-p', '3', '-k', 'after-long' ],
+	'<', \'{"fine": true}') or die 'kcat failed';
+ok(poll_until($node, 'b', "SELECT count(*) FROM applied WHERE key = 'after-long'", '1', 30),
+	'the partition of a poison message with a 3,000-byte key goes on');
+is($node->safe_psql('b', "SELECT payload IS NULL, convert_from(value, 'UTF8') FROM applied WHERE key = 'nul'"),
+	't|{"a": "\u0000"}', 'a value jsonb refuses is applied with payload NULL');
+is($node->safe_psql('b', "SELECT length(key), attempts FROM outbox.inbox_dead_letters WHERE length(key) > 2000"),
+	'3000|3', 'the long-keyed poison message is dead after 3 attempts');
+$node->safe_psql('b', "SELECT outbox.inbox_discard('orders', id) FROM outbox.inbox_dead_letters WHERE length(key) > 2000");
 
 # the relay's own resend: replay of retained events, with their ids
 my $before = $node->safe_psql('b', 'SELECT count(*) FROM applied');
@@ -270,6 +288,29 @@ ok(poll_until($node, 'b', 'SELECT count(*) FROM outbox.subscription_lag()', '4',
 note sprintf('resubscribed: partitions assigned again after %.1f s', time() - $t_resub);
 emit(50, 20);
 check_exactly_once('unsubscribe, then subscribe again');
+
+# start_from latest: what the topic held before is not applied, what comes
+# after the worker joined is, across a restart before its first message
+$kafka->command("create late 1");
+for my $i (1 .. 5)
+{
+	run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', 'late', '-k', 'early' ], '<', \"{\"i\": $i}") or die;
+}
+$node->safe_psql('b', q{SET ROLE app;
+SELECT outbox.subscribe('late', ARRAY['late'], 'public.apply(outbox.inbound_message)', start_from => 'latest')});
+ok(poll_until($node, 'b', "SELECT count(*) FROM outbox.subscription_lag() WHERE subscription = 'late'", '1', 30),
+	'the latest-starting subscription has its partition');
+is($node->safe_psql('b', "SELECT next_offset FROM outbox.inbox_offsets WHERE consumer_group = 'late'"), '5',
+	'it recorded where it starts: after the 5 messages already there');
+# a change of the row restarts the worker
+$node->safe_psql('b', "UPDATE outbox.subscriptions SET batch_size = 100 WHERE name = 'late'");
+for my $i (6 .. 8)
+{
+	run([ 'kcat', '-P', '-b', $kafka->bootstrap, '-t', 'late', '-k', 'later' ], '<', \"{\"i\": $i}") or die;
+}
+ok(poll_until($node, 'b', "SELECT string_agg(payload->>'i', ',' ORDER BY n) FROM applied WHERE topic = 'late'", '6,7,8', 30),
+	'a restart (the row changed) before the first message loses none produced meanwhile');
+$node->safe_psql('b', "SELECT outbox.unsubscribe('late')");
 
 # 7. a hostile handler runs as its subscriber and cannot climb out of it
 $kafka->command("create hostile 1");
