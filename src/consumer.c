@@ -429,6 +429,7 @@ on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
 	{
 		Oid			types[3] = {TEXTOID, TEXTOID, INT4OID};
 
+		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
@@ -1154,6 +1155,8 @@ apply_batch(Worker *w, OutboxInbound *msgs, int n)
 	int			i;
 
 	memset(&tally, 0, sizeof(tally));
+	/* now() in the worker's SQL: nobody else sets it in a background worker */
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	/* the owner may have lost the right since the worker started */
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(w->sub.owner)) ||
@@ -1298,6 +1301,7 @@ run_replays(Worker *w)
 	failed_keys = hash_create("outbox replay failures", 16, &ctl,
 							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
