@@ -22,7 +22,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run qw(run);
-use Time::HiRes qw(time);
+use Time::HiRes qw(time usleep);
 
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
@@ -197,6 +197,26 @@ emit(100, 20);
 check_exactly_once('kill -9 of the worker mid-batch');
 is($node->safe_psql('b', "SELECT count(*) FROM applied WHERE key = 'plain'"), '2',
 	'messages without an id are not applied again after the crash');
+
+# kill -9 of the relay while it drains: a page acknowledged but not yet
+# recorded is sent again, with its ids; Kafka holds the copies, b applies
+# each event once
+for my $k (1 .. 3)
+{
+	emit(1500, 20);
+	usleep(30_000 * $k);
+	my $relay = relay_pid($node, 'a') // 0;
+	kill 'KILL', $relay if $relay;
+	ok(poll_until($node, 'postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = 'a' AND pid <> $relay", '1', 60),
+		"kill -9 $k of the relay: it runs again");
+}
+check_exactly_once('three kill -9 of the relay while it drains');
+my $in_kafka = read_topic($kafka, $topic);
+my %copies;
+$copies{ $_->{headers}{id} // '' }++ for @$in_kafka;
+my $resent = grep { $_ > 1 } values %copies;
+cmp_ok($resent, '>=', 400, "Kafka holds events sent more than once ($resent), applied once each");
 
 # 4. the whole cluster down while events keep coming
 $kafka->command("down $_") for 1 .. 3;
