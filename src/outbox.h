@@ -3,8 +3,10 @@
  * outbox.h
  *		Declarations shared by the files of the outbox extension.
  *
- * Invariants: only kafka.c includes rdkafka.h, so nothing here mentions a
- * librdkafka type; the producer is an opaque OutboxProducer.
+ * Invariants: only kafka.c, kafka_topic.c and kafka_consumer.c include
+ * rdkafka.h (through kafka.h), so nothing here mentions a librdkafka type;
+ * the producer and the subscriptions' consumer are opaque (OutboxProducer,
+ * OutboxConsumer).
  *
  *-------------------------------------------------------------------------
  */
