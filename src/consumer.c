@@ -77,6 +77,7 @@
 
 #include "compat.h"
 #include "outbox.h"
+#include "store.h"
 
 #define WAIT_IDLE_MS		1000	/* lag and replays are looked at this often */
 #define REPLAY_CHECK_MS		10000
@@ -208,18 +209,6 @@ parked_tag(const char *topic, const char *key, char *tag)
 	pfree(buf.data);
 }
 
-static SPIPlanPtr
-prepare(const char *sql, int nargs, Oid *types)
-{
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, types);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 static void
 prepare_plans(Worker *w)
 {
@@ -229,33 +218,33 @@ prepare_plans(Worker *w)
 	Oid			dead_types[14] = {TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
 	UUIDOID, TEXTOID, INT8OID, INT4OID, TEXTOID, TEXTOID, w->typid, TIMESTAMPTZOID, TEXTOID};
 
-	w->plan_lock = prepare(
+	w->plan_lock = OutboxStorePrepare(
 						   "SELECT o.next_offset FROM outbox.inbox_offsets o"
 						   " WHERE o.consumer_group OPERATOR(pg_catalog.=) $1"
 						   " AND o.topic OPERATOR(pg_catalog.=) $2"
 						   " AND o.kafka_partition OPERATOR(pg_catalog.=) $3 FOR UPDATE",
-						   3, lock_types);
-	w->plan_insert_offset = prepare(
+						   3, lock_types, "the offsets lock");
+	w->plan_insert_offset = OutboxStorePrepare(
 									"INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
 									" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-									4, offset_types);
-	w->plan_update_offset = prepare(
+									4, offset_types, "the offsets insert");
+	w->plan_update_offset = OutboxStorePrepare(
 									"UPDATE outbox.inbox_offsets SET next_offset = $4, updated_at = pg_catalog.now()"
 									" WHERE consumer_group OPERATOR(pg_catalog.=) $1"
 									" AND topic OPERATOR(pg_catalog.=) $2"
 									" AND kafka_partition OPERATOR(pg_catalog.=) $3",
-									4, offset_types);
-	w->plan_dedupe = prepare(
+									4, offset_types, "the offsets update");
+	w->plan_dedupe = OutboxStorePrepare(
 							 "INSERT INTO outbox.inbox (consumer, event_id) VALUES ($1, $2)"
 							 " ON CONFLICT DO NOTHING",
-							 2, dedupe_types);
-	w->plan_dead = prepare(
+							 2, dedupe_types, "the dedupe insert");
+	w->plan_dead = OutboxStorePrepare(
 						   "INSERT INTO outbox.inbox_dead_letters (consumer_group, topic, kafka_partition,"
 						   " kafka_offset, key, event_id, state, blocked_by, attempts, last_error,"
 						   " last_sqlstate, message, first_failed_at, subscription)"
 						   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
 						   " ON CONFLICT (consumer_group, topic, kafka_partition, kafka_offset) DO NOTHING",
-						   14, dead_types);
+						   14, dead_types, "the dead letter insert");
 }
 
 /*

@@ -421,10 +421,6 @@ free_producer_memo(OutboxProducer *producer)
 static rd_kafka_conf_t *
 producer_conf(char **errmsg)
 {
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char		errstr[512];
-	char	   *detail = NULL;
-	int			i;
 	static const char *const defaults[][2] = {
 		{"enable.idempotence", "true"},
 		{"linger.ms", "1"},
@@ -439,33 +435,16 @@ producer_conf(char **errmsg)
 		{"message.timeout.ms", "0"},
 	};
 
-	for (i = 0; i < lengthof(defaults); i++)
-		if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1],
-							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-			elog(ERROR, "librdkafka refused default %s: %s", defaults[i][0], errstr);
-	if (rd_kafka_conf_set(conf, "bootstrap.servers", outbox_kafka_brokers,
-						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-	{
-		rd_kafka_conf_destroy(conf);
-		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
-		return NULL;
-	}
-	if (!apply_config(conf, outbox_kafka_config, false, &detail) ||
-		!apply_config(conf, secrets_text, true, &detail))
-	{
-		rd_kafka_conf_destroy(conf);
-		*errmsg = detail;
-		return NULL;
-	}
-	return conf;
+	return OutboxKafkaClientConf(defaults, lengthof(defaults), errmsg);
 }
 
 /*
  * OutboxKafkaClientConf
- *		For the subscription workers' consumers (kafka_consumer.c): a
- *		configuration with outbox.kafka_brokers, outbox.kafka_config and the
- *		secrets file as last read, so that they reach the cluster as the
- *		relay does, over the caller's ndefaults defaults.  NULL and a
+ *		A client's configuration, the relay's producer's (producer_conf) or
+ *		a subscription's consumer's (kafka_consumer.c): the caller's
+ *		ndefaults defaults, then outbox.kafka_brokers, outbox.kafka_config
+ *		and the secrets file as last read, so that both reach the cluster
+ *		alike.  NULL and a
  *		message in *errmsg when one is refused.
  */
 rd_kafka_conf_t *
