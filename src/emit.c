@@ -14,10 +14,10 @@
  *	  transaction, so commit makes the event durable with the business data
  *	  and rollback removes both.
  *	- With outbox.aggregate_sequence on, the transaction's first event of
- *	  an aggregate is inserted from the upsert of its counter row, which
- *	  locks the row before the event row's id is drawn; later ones take the
- *	  seq sequence.c gives out.  sequence.c's header says why that keeps
- *	  seq gapless and in commit order.
+ *	  an aggregate takes its seq from its counter row, which locks the row
+ *	  before the event row's id is drawn; later ones take the seq
+ *	  sequence.c gives out from memory.  sequence.c's header says why that
+ *	  keeps seq gapless and in commit order.
  *	- Everything a relay needs is resolved here, once: event id (UUIDv7),
  *	  topic (validated as a legal Kafka name), key, tenant, traceparent.
  *	- Every argument is hostile input: an event emit() accepts cannot
@@ -48,60 +48,26 @@
 #include "utils/uuid.h"
 
 #include "outbox.h"
+#include "store.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 /*
- * The three inserts.  Parameters $1..$12 are the event's (EMIT_NARGS);
- * INSERT_GIVEN_SEQ adds $13, the seq.  Operators are schema-qualified
- * because emit() runs as the extension owner.
+ * The insert.  Parameters $1..$12 are the event's (EMIT_NARGS), $13 its
+ * seq, NULL with the sequence off.  Operators are schema-qualified because
+ * emit() runs as the extension owner.
  */
-#define EMIT_NARGS 12
+#define EMIT_NARGS 13
 
-typedef enum EmitInsert
-{
-	INSERT_NOSEQ,				/* outbox.aggregate_sequence off */
-	INSERT_SEQ,					/* first event of an aggregate in the xact */
-	INSERT_GIVEN_SEQ,			/* a later one: the xact holds the row lock */
-	INSERT_KINDS
-} EmitInsert;
+static const char *const insert_sql =
+"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+" event_type, schema_version, topic, key, payload, headers, tenant,"
+" traceparent, occurred_at)"
+" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
-static const char *const insert_sql[INSERT_KINDS] = {
-	[INSERT_NOSEQ] =
-	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
-	" event_type, schema_version, topic, key, payload, headers, tenant,"
-	" traceparent, occurred_at)"
-	" VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-	" RETURNING seq",
-
-	/*
-	 * The counter upsert runs first, as the source of the event insert, so
-	 * its row lock is held before nextval() draws the event id.
-	 */
-	[INSERT_SEQ] =
-	"WITH s AS ("
-	" INSERT INTO outbox.aggregates AS a (aggregate_type, aggregate_id, last_seq)"
-	" VALUES ($2, $3, 1)"
-	" ON CONFLICT (aggregate_type, aggregate_id)"
-	" DO UPDATE SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
-	" RETURNING a.last_seq)"
-	" INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
-	" event_type, schema_version, topic, key, payload, headers, tenant,"
-	" traceparent, occurred_at)"
-	" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s"
-	" RETURNING seq",
-
-	[INSERT_GIVEN_SEQ] =
-	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
-	" event_type, schema_version, topic, key, payload, headers, tenant,"
-	" traceparent, occurred_at)"
-	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-	" RETURNING seq",
-};
-
-static SPIPlanPtr insert_plans[INSERT_KINDS];
+static SPIPlanPtr insert_plan = NULL;
 
 /*
  * One event on its way into outbox.events: the arguments as checked, and
@@ -511,28 +477,6 @@ check_envelope(FunctionCallInfo fcinfo, EmitRow *row)
 	}
 }
 
-/* the insert of this kind, prepared once per backend */
-static SPIPlanPtr
-insert_plan(EmitInsert kind)
-{
-	if (insert_plans[kind] == NULL)
-	{
-		Oid			argtypes[EMIT_NARGS + 1] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
-			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
-		TIMESTAMPTZOID, INT8OID};
-		int			nargs = kind == INSERT_GIVEN_SEQ ? EMIT_NARGS + 1 : EMIT_NARGS;
-		SPIPlanPtr	plan;
-
-		plan = SPI_prepare(insert_sql[kind], nargs, argtypes);
-		if (plan == NULL)
-			elog(ERROR, "could not prepare the outbox insert: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "could not keep the outbox insert plan");
-		insert_plans[kind] = plan;
-	}
-	return insert_plans[kind];
-}
 
 /* a session setting as a text parameter: null, and NULL, when unset or empty */
 static char *
@@ -555,7 +499,7 @@ setting_param(char *setting, Datum *value, char *null)
 static void
 insert_values(EmitRow *row, Datum *values, char *nulls)
 {
-	memset(nulls, ' ', EMIT_NARGS + 1);
+	memset(nulls, ' ', EMIT_NARGS);
 	values[0] = UUIDPGetDatum(row->event_id);
 	values[1] = PointerGetDatum(row->aggregate_type);
 	values[2] = PointerGetDatum(row->aggregate_id);
@@ -584,37 +528,40 @@ insert_values(EmitRow *row, Datum *values, char *nulls)
 static void
 insert_event(EmitRow *row)
 {
-	Datum		values[EMIT_NARGS + 1];
-	char		nulls[EMIT_NARGS + 1];
+	Datum		values[EMIT_NARGS];
+	char		nulls[EMIT_NARGS];
 	OutboxSequenceEntry *held = NULL;
-	EmitInsert	kind = INSERT_NOSEQ;
 	int			rc;
-	bool		seq_isnull;
 
 	insert_values(row, values, nulls);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	row->event.has_seq = outbox_aggregate_sequence;
 	if (outbox_aggregate_sequence)
 	{
+		/* the first event of the aggregate locks its row; later ones own it */
 		held = OutboxSequenceHeld(row->aggregate_type, row->aggregate_id);
-		kind = held != NULL ? INSERT_GIVEN_SEQ : INSERT_SEQ;
-		if (held != NULL)
-			values[EMIT_NARGS] = Int64GetDatum(OutboxSequenceNext(held));
+		row->event.seq = held != NULL ? OutboxSequenceNext(held) :
+			OutboxSequenceTake(row->aggregate_type, row->aggregate_id);
+		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
 	}
-	rc = SPI_execute_plan(insert_plan(kind), values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+	else
+		nulls[EMIT_NARGS - 1] = 'n';
+	if (insert_plan == NULL)
+	{
+		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
+		TIMESTAMPTZOID, INT8OID};
+
+		insert_plan = OutboxStorePrepare(insert_sql, EMIT_NARGS, argtypes,
+										 "the outbox insert");
+	}
+	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-
-	row->event.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												 SPI_tuptable->tupdesc, 1,
-												 &seq_isnull));
-	row->event.has_seq = !seq_isnull;
 	if (held != NULL)
 		OutboxSequenceGiven(held, row->event.seq);
-	else if (row->event.has_seq)
-		OutboxSequenceRemember(row->aggregate_type, row->aggregate_id,
-							   row->event.seq);
 	row->event.event_id = DatumGetCString(DirectFunctionCall1(uuid_out,
 															  UUIDPGetDatum(row->event_id)));
 	row->event.key = text_to_cstring(row->key);

@@ -6,12 +6,17 @@
  *		keep it true across subtransactions, commit and prepare.
  *
  * Invariants:
- *	- seq is gapless and in commit order per aggregate.  emit.c's insert
- *	  upserts the aggregate's counter row in outbox.aggregates (locking it)
- *	  as the source of the transaction's first event of that aggregate,
- *	  before the event row's id is drawn.  Emitters of one aggregate
- *	  therefore queue on that row lock, and for one aggregate id order,
- *	  seq order and commit order are the same.
+ *	- seq is gapless and in commit order per aggregate.  The transaction's
+ *	  first event of an aggregate takes its seq from the aggregate's
+ *	  counter row in outbox.aggregates (OutboxSequenceTake), which updates
+ *	  and so locks the row before emit.c's insert draws the event row's
+ *	  id.  Emitters of one aggregate therefore queue on that row lock, and
+ *	  for one aggregate id order, seq order and commit order are the same.
+ *	- The take is a plain UPDATE of the row, and an upsert only when the
+ *	  row is not there yet (the aggregate's first event ever, or one whose
+ *	  first emitter has not committed).  An upsert that finds the row
+ *	  locks it with a record of its own in the WAL before it updates it;
+ *	  the UPDATE writes only the new version.
  *	- No number is consumed by a rolled-back (sub)transaction.  A
  *	  transaction that rolls back rolls its upsert back and drops this
  *	  table with TopTransactionContext; a subtransaction that rolls back
@@ -43,6 +48,22 @@
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
+#include "store.h"
+
+/* the transaction's first event of an aggregate: its counter row, +1 */
+static const char *take_update_sql =
+"UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
+" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $1"
+" AND a.aggregate_id OPERATOR(pg_catalog.=) $2"
+" RETURNING a.last_seq";
+
+/* ... when that row is not there: insert it, or wait for its inserter */
+static const char *take_upsert_sql =
+"INSERT INTO outbox.aggregates AS a (aggregate_type, aggregate_id, last_seq)"
+" VALUES ($1, $2, 1)"
+" ON CONFLICT (aggregate_type, aggregate_id)"
+" DO UPDATE SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
+" RETURNING a.last_seq";
 
 /* at commit or prepare: the counter row's final value, written once */
 static const char *flush_sql =
@@ -50,6 +71,8 @@ static const char *flush_sql =
 " WHERE aggregate_type OPERATOR(pg_catalog.=) $1"
 " AND aggregate_id OPERATOR(pg_catalog.=) $2";
 
+static SPIPlanPtr take_update_plan = NULL;
+static SPIPlanPtr take_upsert_plan = NULL;
 static SPIPlanPtr flush_plan = NULL;
 
 /*
@@ -225,12 +248,12 @@ OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq)
 }
 
 /*
- * OutboxSequenceRemember
+ * seq_enter
  *		Enter an aggregate whose counter row this (sub)transaction has just
- *		upserted and locked, with the seq the upsert gave.
+ *		updated and locked, with the seq the row now holds.
  */
-void
-OutboxSequenceRemember(text *aggregate_type, text *aggregate_id, int64 seq)
+static void
+seq_enter(text *aggregate_type, text *aggregate_id, int64 seq)
 {
 	SeqKey		key;
 	SeqEntry   *entry;
@@ -260,6 +283,59 @@ OutboxSequenceRemember(text *aggregate_type, text *aggregate_id, int64 seq)
 	entry->seq = entry->written = seq;
 	seq_owner = GetUserId();
 	seq_note_undo(entry, -1);
+}
+
+/*
+ * seq_take_run
+ *		Run one of the take statements; false when it found no row.
+ */
+static bool
+seq_take_run(SPIPlanPtr *plan, const char *sql, int expected, Datum *values,
+			 int64 *seq)
+{
+	int			rc;
+	bool		isnull;
+
+	if (*plan == NULL)
+	{
+		Oid			argtypes[2] = {TEXTOID, TEXTOID};
+
+		*plan = OutboxStorePrepare(sql, 2, argtypes, "the counter take");
+	}
+	rc = SPI_execute_plan(*plan, values, NULL, false, 0);
+	if (rc != expected || SPI_processed > 1)
+		elog(ERROR, "outbox counter take returned %s with %llu rows",
+			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	if (SPI_processed == 0)
+		return false;
+	*seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+	return true;
+}
+
+/*
+ * OutboxSequenceTake
+ *		The seq of this transaction's first event of an aggregate (one that
+ *		OutboxSequenceHeld does not know): add one to its counter row,
+ *		which locks the row until the transaction ends, and enter the
+ *		aggregate in the table.  The caller is connected to SPI, as the
+ *		user that may write outbox.aggregates.
+ */
+int64
+OutboxSequenceTake(text *aggregate_type, text *aggregate_id)
+{
+	Datum		values[2];
+	int64		seq;
+
+	values[0] = PointerGetDatum(aggregate_type);
+	values[1] = PointerGetDatum(aggregate_id);
+	if (!seq_take_run(&take_update_plan, take_update_sql,
+					  SPI_OK_UPDATE_RETURNING, values, &seq) &&
+		!seq_take_run(&take_upsert_plan, take_upsert_sql,
+					  SPI_OK_INSERT_RETURNING, values, &seq))
+		elog(ERROR, "outbox counter upsert returned no row");
+	seq_enter(aggregate_type, aggregate_id, seq);
+	return seq;
 }
 
 static void
@@ -299,14 +375,9 @@ seq_flush_plan(void)
 	if (flush_plan == NULL)
 	{
 		Oid			argtypes[3] = {TEXTOID, TEXTOID, INT8OID};
-		SPIPlanPtr	plan = SPI_prepare(flush_sql, 3, argtypes);
 
-		if (plan == NULL)
-			elog(ERROR, "could not prepare the counter update: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "could not keep the counter update plan");
-		flush_plan = plan;
+		flush_plan = OutboxStorePrepare(flush_sql, 3, argtypes,
+										"the counter update");
 	}
 	return flush_plan;
 }
