@@ -55,19 +55,46 @@ PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 /*
- * The insert.  Parameters $1..$12 are the event's (EMIT_NARGS), $13 its
- * seq, NULL with the sequence off.  Operators are schema-qualified because
- * emit() runs as the extension owner.
+ * The two inserts.  Parameters $1..$12 are the event's; INSERT_GIVEN adds
+ * $13, its seq (NULL with the sequence off).  Operators are
+ * schema-qualified because emit() runs as the extension owner.
  */
 #define EMIT_NARGS 13
 
-static const char *const insert_sql =
-"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
-" event_type, schema_version, topic, key, payload, headers, tenant,"
-" traceparent, occurred_at)"
-" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+typedef enum EmitInsert
+{
+	INSERT_GIVEN,				/* seq in $13: known, or none */
+	INSERT_TAKE,				/* seq from the counter row, +1 */
+	INSERT_KINDS
+} EmitInsert;
 
-static SPIPlanPtr insert_plan = NULL;
+static const char *const insert_sql[INSERT_KINDS] = {
+	[INSERT_GIVEN] =
+	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+	" event_type, schema_version, topic, key, payload, headers, tenant,"
+	" traceparent, occurred_at)"
+	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+
+	/*
+	 * The transaction's first event of an aggregate: the counter row's
+	 * update is the source of the event insert, so the row is locked before
+	 * nextval() draws the event id.  No row, no event: the aggregate has no
+	 * counter row yet, and sequence.c's upsert makes one.
+	 */
+	[INSERT_TAKE] =
+	"WITH s AS ("
+	" UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
+	" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $2"
+	" AND a.aggregate_id OPERATOR(pg_catalog.=) $3"
+	" RETURNING a.last_seq)"
+	" INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+	" event_type, schema_version, topic, key, payload, headers, tenant,"
+	" traceparent, occurred_at)"
+	" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s"
+	" RETURNING seq",
+};
+
+static SPIPlanPtr insert_plans[INSERT_KINDS];
 
 /*
  * One event on its way into outbox.events: the arguments as checked, and
@@ -518,6 +545,34 @@ insert_values(EmitRow *row, Datum *values, char *nulls)
 }
 
 /*
+ * run_insert
+ *		Run one of the inserts, preparing it the first time; the rows it
+ *		inserted (INSERT_TAKE: none when the aggregate has no counter row).
+ */
+static uint64
+run_insert(EmitInsert kind, Datum *values, char *nulls)
+{
+	int			rc;
+
+	if (insert_plans[kind] == NULL)
+	{
+		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
+		TIMESTAMPTZOID, INT8OID};
+
+		insert_plans[kind] = OutboxStorePrepare(insert_sql[kind],
+												kind == INSERT_TAKE ? EMIT_NARGS - 1 : EMIT_NARGS,
+												argtypes, "the outbox insert");
+	}
+	rc = SPI_execute_plan(insert_plans[kind], values, nulls, false, 0);
+	if (rc != (kind == INSERT_TAKE ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT) ||
+		SPI_processed > 1)
+		elog(ERROR, "outbox insert returned %s with %llu rows",
+			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	return SPI_processed;
+}
+
+/*
  * insert_event
  *		Insert row into outbox.events in the caller's transaction, numbered
  *		by the per-aggregate sequence when it is on; then refuse it if it is
@@ -531,37 +586,42 @@ insert_event(EmitRow *row)
 	Datum		values[EMIT_NARGS];
 	char		nulls[EMIT_NARGS];
 	OutboxSequenceEntry *held = NULL;
-	int			rc;
+	bool		isnull;
 
 	insert_values(row, values, nulls);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	row->event.has_seq = outbox_aggregate_sequence;
+	row->event.seq = 0;
 	if (outbox_aggregate_sequence)
-	{
-		/* the first event of the aggregate locks its row; later ones own it */
 		held = OutboxSequenceHeld(row->aggregate_type, row->aggregate_id);
-		row->event.seq = held != NULL ? OutboxSequenceNext(held) :
-			OutboxSequenceTake(row->aggregate_type, row->aggregate_id);
-		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
+	if (outbox_aggregate_sequence && held == NULL &&
+		run_insert(INSERT_TAKE, values, nulls) == 1)
+	{
+		/* the transaction's first event of the aggregate, numbered */
+		row->event.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc, 1,
+													 &isnull));
+		OutboxSequenceEnter(row->aggregate_type, row->aggregate_id,
+							row->event.seq);
 	}
 	else
-		nulls[EMIT_NARGS - 1] = 'n';
-	if (insert_plan == NULL)
 	{
-		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
-			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
-		TIMESTAMPTZOID, INT8OID};
-
-		insert_plan = OutboxStorePrepare(insert_sql, EMIT_NARGS, argtypes,
-										 "the outbox insert");
+		if (!outbox_aggregate_sequence)
+			nulls[EMIT_NARGS - 1] = 'n';
+		else if (held != NULL)
+			/* a later one: the transaction owns the row, the seq is its own */
+			row->event.seq = OutboxSequenceNext(held);
+		else
+			/* the aggregate's first event ever: no counter row to update */
+			row->event.seq = OutboxSequenceCreate(row->aggregate_type,
+												  row->aggregate_id);
+		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
+		if (run_insert(INSERT_GIVEN, values, nulls) != 1)
+			elog(ERROR, "outbox insert inserted no row");
+		if (held != NULL)
+			OutboxSequenceGiven(held, row->event.seq);
 	}
-	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT || SPI_processed != 1)
-		elog(ERROR, "outbox insert returned %s with %llu rows",
-			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	if (held != NULL)
-		OutboxSequenceGiven(held, row->event.seq);
 	row->event.event_id = DatumGetCString(DirectFunctionCall1(uuid_out,
 															  UUIDPGetDatum(row->event_id)));
 	row->event.key = text_to_cstring(row->key);

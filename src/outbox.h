@@ -140,7 +140,9 @@ extern OutboxSequenceEntry *OutboxSequenceHeld(text *aggregate_type,
 											   text *aggregate_id);
 extern int64 OutboxSequenceNext(const OutboxSequenceEntry *entry);
 extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
-extern int64 OutboxSequenceTake(text *aggregate_type, text *aggregate_id);
+extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
+								int64 seq);
+extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
 
 /* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState

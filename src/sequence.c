@@ -8,15 +8,16 @@
  * Invariants:
  *	- seq is gapless and in commit order per aggregate.  The transaction's
  *	  first event of an aggregate takes its seq from the aggregate's
- *	  counter row in outbox.aggregates (OutboxSequenceTake), which updates
- *	  and so locks the row before emit.c's insert draws the event row's
- *	  id.  Emitters of one aggregate therefore queue on that row lock, and
- *	  for one aggregate id order, seq order and commit order are the same.
- *	- The take is a plain UPDATE of the row, and an upsert only when the
- *	  row is not there yet (the aggregate's first event ever, or one whose
- *	  first emitter has not committed).  An upsert that finds the row
- *	  locks it with a record of its own in the WAL before it updates it;
- *	  the UPDATE writes only the new version.
+ *	  counter row in outbox.aggregates: emit.c's insert has the row's
+ *	  update as its source, so the row is locked before the event row's
+ *	  id is drawn.  Emitters of one aggregate therefore queue on that row
+ *	  lock, and for one aggregate id order, seq order and commit order are
+ *	  the same.
+ *	- That is a plain UPDATE; only when it finds no row (the aggregate's
+ *	  first event ever, or one whose first emitter has not committed) does
+ *	  OutboxSequenceCreate upsert it.  An upsert that finds the row locks
+ *	  it with a WAL record of its own before it updates it, where the
+ *	  UPDATE writes only the new version.
  *	- No number is consumed by a rolled-back (sub)transaction.  A
  *	  transaction that rolls back rolls its upsert back and drops this
  *	  table with TopTransactionContext; a subtransaction that rolls back
@@ -50,15 +51,11 @@
 #include "outbox.h"
 #include "store.h"
 
-/* the transaction's first event of an aggregate: its counter row, +1 */
-static const char *take_update_sql =
-"UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
-" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $1"
-" AND a.aggregate_id OPERATOR(pg_catalog.=) $2"
-" RETURNING a.last_seq";
-
-/* ... when that row is not there: insert it, or wait for its inserter */
-static const char *take_upsert_sql =
+/*
+ * The aggregate's first event ever, or one whose first emitter has not
+ * committed: insert its counter row, or wait for that emitter and add one.
+ */
+static const char *create_sql =
 "INSERT INTO outbox.aggregates AS a (aggregate_type, aggregate_id, last_seq)"
 " VALUES ($1, $2, 1)"
 " ON CONFLICT (aggregate_type, aggregate_id)"
@@ -71,8 +68,7 @@ static const char *flush_sql =
 " WHERE aggregate_type OPERATOR(pg_catalog.=) $1"
 " AND aggregate_id OPERATOR(pg_catalog.=) $2";
 
-static SPIPlanPtr take_update_plan = NULL;
-static SPIPlanPtr take_upsert_plan = NULL;
+static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr flush_plan = NULL;
 
 /*
@@ -248,12 +244,12 @@ OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq)
 }
 
 /*
- * seq_enter
+ * OutboxSequenceEnter
  *		Enter an aggregate whose counter row this (sub)transaction has just
  *		updated and locked, with the seq the row now holds.
  */
-static void
-seq_enter(text *aggregate_type, text *aggregate_id, int64 seq)
+void
+OutboxSequenceEnter(text *aggregate_type, text *aggregate_id, int64 seq)
 {
 	SeqKey		key;
 	SeqEntry   *entry;
@@ -286,55 +282,36 @@ seq_enter(text *aggregate_type, text *aggregate_id, int64 seq)
 }
 
 /*
- * seq_take_run
- *		Run one of the take statements; false when it found no row.
+ * OutboxSequenceCreate
+ *		The seq of an aggregate's event when emit.c's update found no
+ *		counter row: make the row, which locks it until the transaction
+ *		ends, and enter the aggregate in the table.  The caller is
+ *		connected to SPI, as a user that may write outbox.aggregates.
  */
-static bool
-seq_take_run(SPIPlanPtr *plan, const char *sql, int expected, Datum *values,
-			 int64 *seq)
+int64
+OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 {
+	Datum		values[2];
 	int			rc;
 	bool		isnull;
+	int64		seq;
 
-	if (*plan == NULL)
+	if (create_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
-		*plan = OutboxStorePrepare(sql, 2, argtypes, "the counter take");
+		create_plan = OutboxStorePrepare(create_sql, 2, argtypes,
+										 "the counter upsert");
 	}
-	rc = SPI_execute_plan(*plan, values, NULL, false, 0);
-	if (rc != expected || SPI_processed > 1)
-		elog(ERROR, "outbox counter take returned %s with %llu rows",
-			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	if (SPI_processed == 0)
-		return false;
-	*seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
-	return true;
-}
-
-/*
- * OutboxSequenceTake
- *		The seq of this transaction's first event of an aggregate (one that
- *		OutboxSequenceHeld does not know): add one to its counter row,
- *		which locks the row until the transaction ends, and enter the
- *		aggregate in the table.  The caller is connected to SPI, as the
- *		user that may write outbox.aggregates.
- */
-int64
-OutboxSequenceTake(text *aggregate_type, text *aggregate_id)
-{
-	Datum		values[2];
-	int64		seq;
-
 	values[0] = PointerGetDatum(aggregate_type);
 	values[1] = PointerGetDatum(aggregate_id);
-	if (!seq_take_run(&take_update_plan, take_update_sql,
-					  SPI_OK_UPDATE_RETURNING, values, &seq) &&
-		!seq_take_run(&take_upsert_plan, take_upsert_sql,
-					  SPI_OK_INSERT_RETURNING, values, &seq))
-		elog(ERROR, "outbox counter upsert returned no row");
-	seq_enter(aggregate_type, aggregate_id, seq);
+	rc = SPI_execute_plan(create_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "outbox counter upsert returned %s with %llu rows",
+			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+	OutboxSequenceEnter(aggregate_type, aggregate_id, seq);
 	return seq;
 }
 

@@ -71,6 +71,7 @@ facts AS (
 	  FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace
 	UNION ALL
 	SELECT 'column ' || a.attrelid::regclass || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+		|| ' collation ' || a.attcollation::regcollation::text
 		|| ' notnull ' || a.attnotnull || ' identity ' || a.attidentity::text
 		|| ' default ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '-')
 		|| ' comment ' || coalesce(col_description(a.attrelid, a.attnum), '-')
