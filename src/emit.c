@@ -595,7 +595,14 @@ insert_event(EmitRow *row)
 	row->event.seq = 0;
 	if (outbox_aggregate_sequence)
 		held = OutboxSequenceHeld(row->aggregate_type, row->aggregate_id);
+	/*
+	 * Under SERIALIZABLE the update's index probe for a missing key would
+	 * take a predicate lock on the leaf page, so transactions creating the
+	 * counter rows of neighbouring new aggregates would fail each other
+	 * (40001).  The upsert alone, as before 1.6, takes none.
+	 */
 	if (outbox_aggregate_sequence && held == NULL &&
+		!IsolationIsSerializable() &&
 		run_insert(INSERT_TAKE, values, nulls) == 1)
 	{
 		/* the transaction's first event of the aggregate, numbered */
@@ -613,7 +620,10 @@ insert_event(EmitRow *row)
 			/* a later one: the transaction owns the row, the seq is its own */
 			row->event.seq = OutboxSequenceNext(held);
 		else
-			/* the aggregate's first event ever: no counter row to update */
+			/*
+			 * the aggregate's first event ever (no counter row to update),
+			 * or any first one under SERIALIZABLE: the upsert
+			 */
 			row->event.seq = OutboxSequenceCreate(row->aggregate_type,
 												  row->aggregate_id);
 		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
