@@ -246,3 +246,28 @@ SELECT t.err($$SET outbox.allowed_topics = '*'$$);
 \c - :su
 DROP OWNED BY outbox_writer;
 DROP ROLE outbox_writer;
+
+-- emit() writes its row without an INSERT statement while outbox.events is
+-- the table it knows; what a superuser adds to the table is honoured all
+-- the same (emit() then runs the INSERT): a CHECK constraint ...
+BEGIN;
+SELECT outbox.emit('direct', '1', 'direct.a', '{}') IS NOT NULL AS direct_ok;
+SELECT id > 0 AS has_id, txid = pg_current_xact_id() AS own_txid,
+       created_at >= now() AS has_created_at, schema_version, seq
+  FROM outbox.events WHERE aggregate_type = 'direct';
+ALTER TABLE outbox.events ADD CONSTRAINT no_forbidden CHECK (event_type <> 'forbidden');
+SELECT split_part(t.err($$SELECT outbox.emit('direct', '1', 'forbidden', '{}')$$), ' | ', 1) AS err;
+SELECT outbox.emit('direct', '1', 'direct.b', '{}') IS NOT NULL AS checked_ok;
+ALTER TABLE outbox.events DROP CONSTRAINT no_forbidden;
+-- ... and a trigger of its own
+CREATE FUNCTION pg_temp.stamp() RETURNS trigger LANGUAGE plpgsql AS
+  $$BEGIN NEW.headers := '{"stamped": "yes"}'; RETURN NEW; END$$;
+CREATE TRIGGER stamp BEFORE INSERT ON outbox.events
+  FOR EACH ROW EXECUTE FUNCTION pg_temp.stamp();
+SELECT outbox.emit('direct', '1', 'direct.c', '{}') IS NOT NULL AS triggered_ok;
+DROP TRIGGER stamp ON outbox.events;
+SELECT outbox.emit('direct', '1', 'direct.d', '{}') IS NOT NULL AS direct_again_ok;
+SELECT event_type, seq, headers, txid = pg_current_xact_id() AS own_txid,
+       id - min(id) OVER () AS id_step
+  FROM outbox.events WHERE aggregate_type = 'direct' ORDER BY id;
+ROLLBACK;

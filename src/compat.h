@@ -222,6 +222,21 @@ OutboxXactCompletionCount(void)
 #endif
 
 
+/* ---- 1.7 Index entries of a row inserted without the executor ---------
+ *
+ * 16 gave ExecInsertIndexTuples() an onlySummarizing flag (for HOT updates
+ * that touch only summarizing indexes); an insert passes false.
+ */
+#include "executor/executor.h"
+#if PG_VERSION_NUM >= 160000
+#define OutboxInsertIndexTuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, false)
+#else
+#define OutboxInsertIndexTuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
+#endif
+
+
 /* ========================================================================
  * Part 2: librdkafka
  * ========================================================================

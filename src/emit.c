@@ -13,6 +13,10 @@
  *	- emit() never talks to Kafka.  It inserts one row in the caller's
  *	  transaction, so commit makes the event durable with the business data
  *	  and rollback removes both.
+ *	- The event row is written without an INSERT statement (insert_direct:
+ *	  the heap tuple and its index entries, as the INSERT would write them)
+ *	  while outbox.events is the table emit() knows; one a superuser has
+ *	  added a trigger, a constraint or a column to gets the INSERT.
  *	- With outbox.aggregate_sequence on, the transaction's first event of
  *	  an aggregate takes its seq from its counter row, which locks the row
  *	  before the event row's id is drawn; later ones take the seq
@@ -35,18 +39,31 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "nodes/primnodes.h"
+#include "rewrite/rewriteHandler.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/datetime.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
+#include "utils/xid8.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "store.h"
 
@@ -63,12 +80,13 @@ PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 typedef enum EmitInsert
 {
-	INSERT_GIVEN,				/* seq in $13: known, or none */
-	INSERT_TAKE,				/* seq from the counter row, +1 */
+	INSERT_GIVEN,				/* the event row, seq in $13: known, or none */
+	INSERT_TAKE,				/* the counter row's next seq */
 	INSERT_KINDS
 } EmitInsert;
 
 static const char *const insert_sql[INSERT_KINDS] = {
+	/* the event row when the direct insert cannot take it (direct_table) */
 	[INSERT_GIVEN] =
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
@@ -77,21 +95,14 @@ static const char *const insert_sql[INSERT_KINDS] = {
 
 	/*
 	 * The transaction's first event of an aggregate: the counter row's
-	 * update is the source of the event insert, so the row is locked before
-	 * nextval() draws the event id.  No row, no event: the aggregate has no
-	 * counter row yet, and sequence.c's upsert makes one.
+	 * update locks the row before the event id is drawn.  No row: the
+	 * aggregate has none yet, and sequence.c's upsert makes one.
 	 */
 	[INSERT_TAKE] =
-	"WITH s AS ("
-	" UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
-	" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $2"
-	" AND a.aggregate_id OPERATOR(pg_catalog.=) $3"
-	" RETURNING a.last_seq)"
-	" INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
-	" event_type, schema_version, topic, key, payload, headers, tenant,"
-	" traceparent, occurred_at)"
-	" SELECT $1, $2, $3, s.last_seq, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM s"
-	" RETURNING seq",
+	"UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
+	" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $1"
+	" AND a.aggregate_id OPERATOR(pg_catalog.=) $2"
+	" RETURNING a.last_seq",
 };
 
 static SPIPlanPtr insert_plans[INSERT_KINDS];
@@ -545,31 +556,240 @@ insert_values(EmitRow *row, Datum *values, char *nulls)
 }
 
 /*
- * run_insert
- *		Run one of the inserts, preparing it the first time; the rows it
- *		inserted (INSERT_TAKE: none when the aggregate has no counter row).
+ * The direct insert: emit() writes the event row with table_tuple_insert()
+ * and the index entries with the executor's own routine, skipping the
+ * planner's and the executor's set-up for a statement per event, which was
+ * most of emit()'s cost.  It writes what the INSERT would have:
+ *	- every column of outbox.events, the defaults computed here as the
+ *	  column defaults compute them (id from the identity sequence, drawn
+ *	  after the counter row is locked; txid, the top-level transaction;
+ *	  created_at, the clock);
+ *	- every index entry, unique ones checked (a duplicate event id is
+ *	  23505, as from the INSERT);
+ *	- no trigger: the table's one INSERT trigger, event_restored, fires
+ *	  only for a txid that is not the current transaction's, never emit()'s.
+ * direct_table() decides, once per relcache state of the table, whether
+ * the table is still the one this knows: only the columns above, no other
+ * INSERT trigger, no CHECK constraint, no generated column, no forced row
+ * security.  A table that is not (a superuser added something) gets the
+ * INSERT statement, which honours whatever was added.
  */
-static uint64
-run_insert(EmitInsert kind, Datum *values, char *nulls)
+typedef enum EventColumn
 {
+	COL_ID, COL_TXID, COL_EVENT_ID, COL_AGGREGATE_TYPE, COL_AGGREGATE_ID,
+	COL_SEQ, COL_EVENT_TYPE, COL_SCHEMA_VERSION, COL_TOPIC, COL_KEY,
+	COL_PAYLOAD, COL_HEADERS, COL_TENANT, COL_TRACEPARENT, COL_OCCURRED_AT,
+	COL_CREATED_AT, EVENT_COLUMN_COUNT
+} EventColumn;
+
+static const char *const event_column_names[EVENT_COLUMN_COUNT] = {
+	"id", "txid", "event_id", "aggregate_type", "aggregate_id", "seq",
+	"event_type", "schema_version", "topic", "key", "payload", "headers",
+	"tenant", "traceparent", "occurred_at", "created_at"
+};
+
+/* the insert parameter ($n, 0-based) each column takes; -1: computed here */
+static const int event_column_param[EVENT_COLUMN_COUNT] = {
+	-1, -1, 0, 1, 2, EMIT_NARGS - 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1
+};
+
+typedef struct DirectTable
+{
+	Oid			relid;			/* InvalidOid: not known (yet, or any more) */
+	bool		direct;			/* the direct insert can take it */
+	Oid			id_seq;			/* the identity sequence of id */
+	AttrNumber	attnum[EVENT_COLUMN_COUNT];
+} DirectTable;
+
+static DirectTable direct_cache;
+static bool direct_callback_registered = false;
+
+static void
+direct_invalidate(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == direct_cache.relid)
+		direct_cache.relid = InvalidOid;
+}
+
+/*
+ * direct_table
+ *		Whether rel, outbox.events, is the table the direct insert knows;
+ *		cached until the next invalidation of rel.
+ */
+static bool
+direct_table(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	DirectTable *t = &direct_cache;
+
+	if (t->relid == RelationGetRelid(rel))
+		return t->direct;
+	if (!direct_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
+		direct_callback_registered = true;
+	}
+
+	memset(t, 0, sizeof(*t));
+	t->direct = rel->rd_rel->relkind == RELKIND_RELATION &&
+		!(rel->rd_rel->relrowsecurity && rel->rd_rel->relforcerowsecurity) &&
+		(desc->constr == NULL ||
+		 (desc->constr->num_check == 0 && !desc->constr->has_generated_stored));
+	if (t->direct && rel->trigdesc != NULL)
+	{
+		for (int i = 0; i < rel->trigdesc->numtriggers; i++)
+		{
+			Trigger    *trig = &rel->trigdesc->triggers[i];
+
+			if (TRIGGER_FOR_INSERT(trig->tgtype) &&
+				strcmp(trig->tgname, "event_restored") != 0)
+				t->direct = false;
+		}
+	}
+	for (int a = 0; t->direct && a < desc->natts; a++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, a);
+		int			c;
+
+		if (att->attisdropped)
+			continue;
+		for (c = 0; c < EVENT_COLUMN_COUNT; c++)
+			if (strcmp(NameStr(att->attname), event_column_names[c]) == 0)
+				break;
+		if (c == EVENT_COLUMN_COUNT)
+			t->direct = false;	/* a column of someone else's */
+		else
+			t->attnum[c] = att->attnum;
+	}
+	for (int c = 0; t->direct && c < EVENT_COLUMN_COUNT; c++)
+		if (t->attnum[c] == InvalidAttrNumber)
+			t->direct = false;
+	if (t->direct)
+	{
+		Node	   *def = build_column_default(rel, t->attnum[COL_ID]);
+
+		if (def != NULL && IsA(def, NextValueExpr))
+			t->id_seq = ((NextValueExpr *) def)->seqid;
+		else
+			t->direct = false;
+	}
+	t->relid = RelationGetRelid(rel);
+	return t->direct;
+}
+
+/*
+ * insert_direct
+ *		Insert the event row of parameters values/nulls (the INSERT's $1..$13)
+ *		into rel as the INSERT would; rel is direct_table().
+ */
+static void
+insert_direct(Relation rel, Datum *values, char *nulls)
+{
+	DirectTable *t = &direct_cache;
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	ExecOpenIndices(rri, false);
+
+	ExecClearTuple(slot);
+	memset(slot->tts_isnull, true, slot->tts_tupleDescriptor->natts * sizeof(bool));
+	for (int c = 0; c < EVENT_COLUMN_COUNT; c++)
+	{
+		int			att = t->attnum[c] - 1;
+		int			param = event_column_param[c];
+
+		slot->tts_isnull[att] = false;
+		if (param >= 0)
+		{
+			slot->tts_values[att] = values[param];
+			slot->tts_isnull[att] = (nulls[param] == 'n');
+		}
+		else if (c == COL_ID)
+			slot->tts_values[att] = Int64GetDatum(nextval_internal(t->id_seq, false));
+		else if (c == COL_TXID)
+			slot->tts_values[att] = FullTransactionIdGetDatum(GetTopFullTransactionId());
+		else
+			slot->tts_values[att] = TimestampTzGetDatum(GetCurrentTimestamp());
+	}
+	ExecStoreVirtualTuple(slot);
+
+	table_tuple_insert(rel, slot, GetCurrentCommandId(true), 0, NULL);
+	if (rri->ri_NumIndices > 0)
+		list_free(OutboxInsertIndexTuples(rri, slot, estate));
+
+	ExecCloseIndices(rri);
+	ExecDropSingleTupleTableSlot(slot);
+	FreeExecutorState(estate);
+}
+
+/*
+ * insert_row
+ *		The event row of values/nulls, directly or, when the table is not
+ *		the one the direct insert knows, by the INSERT statement.
+ */
+static void
+insert_row(Datum *values, char *nulls)
+{
+	Relation	rel;
 	int			rc;
 
-	if (insert_plans[kind] == NULL)
+	rel = table_openrv(makeRangeVar("outbox", "events", -1), RowExclusiveLock);
+	if (direct_table(rel))
+	{
+		insert_direct(rel, values, nulls);
+		table_close(rel, NoLock);
+		return;
+	}
+	table_close(rel, NoLock);
+
+	if (insert_plans[INSERT_GIVEN] == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
 		TIMESTAMPTZOID, INT8OID};
 
-		insert_plans[kind] = OutboxStorePrepare(insert_sql[kind],
-												kind == INSERT_TAKE ? EMIT_NARGS - 1 : EMIT_NARGS,
-												argtypes, "the outbox insert");
+		insert_plans[INSERT_GIVEN] = OutboxStorePrepare(insert_sql[INSERT_GIVEN],
+														EMIT_NARGS, argtypes,
+														"the outbox insert");
 	}
-	rc = SPI_execute_plan(insert_plans[kind], values, nulls, false, 0);
-	if (rc != (kind == INSERT_TAKE ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT) ||
-		SPI_processed > 1)
+	rc = SPI_execute_plan(insert_plans[INSERT_GIVEN], values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	return SPI_processed;
+}
+
+/*
+ * take_seq
+ *		The aggregate's next seq from its counter row, which the update
+ *		locks until the transaction ends; false when it has no counter row.
+ */
+static bool
+take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
+{
+	Datum		values[2] = {PointerGetDatum(aggregate_type),
+	PointerGetDatum(aggregate_id)};
+	bool		isnull;
+	int			rc;
+
+	if (insert_plans[INSERT_TAKE] == NULL)
+	{
+		Oid			argtypes[2] = {TEXTOID, TEXTOID};
+
+		insert_plans[INSERT_TAKE] = OutboxStorePrepare(insert_sql[INSERT_TAKE],
+													   2, argtypes,
+													   "the counter row's update");
+	}
+	rc = SPI_execute_plan(insert_plans[INSERT_TAKE], values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING || SPI_processed > 1)
+		elog(ERROR, "outbox counter update returned %s with %llu rows",
+			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	if (SPI_processed == 0)
+		return false;
+	*seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+	return true;
 }
 
 /*
@@ -586,52 +806,44 @@ insert_event(EmitRow *row)
 	Datum		values[EMIT_NARGS];
 	char		nulls[EMIT_NARGS];
 	OutboxSequenceEntry *held = NULL;
-	bool		isnull;
+	bool		taken = false;
 
 	insert_values(row, values, nulls);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	row->event.has_seq = outbox_aggregate_sequence;
 	row->event.seq = 0;
-	if (outbox_aggregate_sequence)
-		held = OutboxSequenceHeld(row->aggregate_type, row->aggregate_id);
+	if (!outbox_aggregate_sequence)
+		nulls[EMIT_NARGS - 1] = 'n';
+	else if ((held = OutboxSequenceHeld(row->aggregate_type,
+										row->aggregate_id)) != NULL)
+		/* a later one: the transaction owns the row, the seq is its own */
+		row->event.seq = OutboxSequenceNext(held);
+
 	/*
-	 * Under SERIALIZABLE the update's index probe for a missing key would
-	 * take a predicate lock on the leaf page, so transactions creating the
-	 * counter rows of neighbouring new aggregates would fail each other
-	 * (40001).  The upsert alone, as before 1.6, takes none.
+	 * The transaction's first event of the aggregate.  Under SERIALIZABLE
+	 * the update's index probe for a missing key would take a predicate
+	 * lock on the leaf page, so transactions creating the counter rows of
+	 * neighbouring new aggregates would fail each other (40001); the upsert
+	 * alone takes none, and is all a serializable transaction runs.
 	 */
-	if (outbox_aggregate_sequence && held == NULL &&
-		!IsolationIsSerializable() &&
-		run_insert(INSERT_TAKE, values, nulls) == 1)
-	{
-		/* the transaction's first event of the aggregate, numbered */
-		row->event.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													 SPI_tuptable->tupdesc, 1,
-													 &isnull));
+	else if (!IsolationIsSerializable() &&
+			 take_seq(row->aggregate_type, row->aggregate_id, &row->event.seq))
+		taken = true;
+	else
+		/* the aggregate's first event ever: no counter row to update */
+		row->event.seq = OutboxSequenceCreate(row->aggregate_type,
+											  row->aggregate_id);
+	if (outbox_aggregate_sequence)
+		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
+
+	insert_row(values, nulls);
+
+	if (held != NULL)
+		OutboxSequenceGiven(held, row->event.seq);
+	else if (taken)
 		OutboxSequenceEnter(row->aggregate_type, row->aggregate_id,
 							row->event.seq);
-	}
-	else
-	{
-		if (!outbox_aggregate_sequence)
-			nulls[EMIT_NARGS - 1] = 'n';
-		else if (held != NULL)
-			/* a later one: the transaction owns the row, the seq is its own */
-			row->event.seq = OutboxSequenceNext(held);
-		else
-			/*
-			 * the aggregate's first event ever (no counter row to update),
-			 * or any first one under SERIALIZABLE: the upsert
-			 */
-			row->event.seq = OutboxSequenceCreate(row->aggregate_type,
-												  row->aggregate_id);
-		values[EMIT_NARGS - 1] = Int64GetDatum(row->event.seq);
-		if (run_insert(INSERT_GIVEN, values, nulls) != 1)
-			elog(ERROR, "outbox insert inserted no row");
-		if (held != NULL)
-			OutboxSequenceGiven(held, row->event.seq);
-	}
 	row->event.event_id = DatumGetCString(DirectFunctionCall1(uuid_out,
 															  UUIDPGetDatum(row->event_id)));
 	row->event.key = text_to_cstring(row->key);
