@@ -248,26 +248,47 @@ DROP OWNED BY outbox_writer;
 DROP ROLE outbox_writer;
 
 -- emit() writes its row without an INSERT statement while outbox.events is
--- the table it knows; what a superuser adds to the table is honoured all
--- the same (emit() then runs the INSERT): a CHECK constraint ...
+-- the table it knows (DEBUG1 says which way, when it looks again after the
+-- table changed); what a superuser changes in the table is honoured all
+-- the same, through the INSERT: a CHECK constraint ...
 BEGIN;
 SELECT outbox.emit('direct', '1', 'direct.a', '{}') IS NOT NULL AS direct_ok;
 SELECT id > 0 AS has_id, txid = pg_current_xact_id() AS own_txid,
        created_at >= now() AS has_created_at, schema_version, seq
   FROM outbox.events WHERE aggregate_type = 'direct';
 ALTER TABLE outbox.events ADD CONSTRAINT no_forbidden CHECK (event_type <> 'forbidden');
+SET client_min_messages = debug1;
 SELECT split_part(t.err($$SELECT outbox.emit('direct', '1', 'forbidden', '{}')$$), ' | ', 1) AS err;
 SELECT outbox.emit('direct', '1', 'direct.b', '{}') IS NOT NULL AS checked_ok;
+RESET client_min_messages;
 ALTER TABLE outbox.events DROP CONSTRAINT no_forbidden;
--- ... and a trigger of its own
+-- ... a trigger of its own ...
 CREATE FUNCTION pg_temp.stamp() RETURNS trigger LANGUAGE plpgsql AS
   $$BEGIN NEW.headers := '{"stamped": "yes"}'; RETURN NEW; END$$;
 CREATE TRIGGER stamp BEFORE INSERT ON outbox.events
   FOR EACH ROW EXECUTE FUNCTION pg_temp.stamp();
+SET client_min_messages = debug1;
 SELECT outbox.emit('direct', '1', 'direct.c', '{}') IS NOT NULL AS triggered_ok;
+RESET client_min_messages;
 DROP TRIGGER stamp ON outbox.events;
+-- ... NOT NULL where emit() writes a null ...
+UPDATE outbox.events SET tenant = 'someone' WHERE tenant IS NULL;
+ALTER TABLE outbox.events ALTER COLUMN tenant SET NOT NULL;
+SET client_min_messages = debug1;
+SELECT split_part(t.err($$SELECT outbox.emit('direct', '1', 'untenanted', '{}')$$), ' | ', 1) AS err;
+RESET client_min_messages;
+ALTER TABLE outbox.events ALTER COLUMN tenant DROP NOT NULL;
+-- ... another default
+ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT '2000-01-01 00:00:00+00';
+SET client_min_messages = debug1;
+SELECT outbox.emit('direct', '1', 'direct.e', '{}') IS NOT NULL AS defaulted_ok;
+RESET client_min_messages;
+ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
+-- and once the table is emit()'s again, the direct insert
+SET client_min_messages = debug1;
 SELECT outbox.emit('direct', '1', 'direct.d', '{}') IS NOT NULL AS direct_again_ok;
+RESET client_min_messages;
 SELECT event_type, seq, headers, txid = pg_current_xact_id() AS own_txid,
-       id - min(id) OVER () AS id_step
+       created_at < '2001-01-01' AS old_created_at, id - min(id) OVER () AS id_step
   FROM outbox.events WHERE aggregate_type = 'direct' ORDER BY id;
 ROLLBACK;

@@ -54,6 +54,7 @@
 #include "rewrite/rewriteHandler.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -560,19 +561,25 @@ insert_values(EmitRow *row, Datum *values, char *nulls)
  * and the index entries with the executor's own routine, skipping the
  * planner's and the executor's set-up for a statement per event, which was
  * most of emit()'s cost.  It writes what the INSERT would have:
- *	- every column of outbox.events, the defaults computed here as the
- *	  column defaults compute them (id from the identity sequence, drawn
- *	  after the counter row is locked; txid, the top-level transaction;
- *	  created_at, the clock);
+ *	- every column of outbox.events, of its own type; the defaults computed
+ *	  here as the column defaults compute them (id from the identity
+ *	  sequence, drawn after the counter row is locked; txid,
+ *	  pg_current_xact_id(); created_at, clock_timestamp());
  *	- every index entry, unique ones checked (a duplicate event id is
  *	  23505, as from the INSERT);
  *	- no trigger: the table's one INSERT trigger, event_restored, fires
  *	  only for a txid that is not the current transaction's, never emit()'s.
+ * It skips what the INSERT statement would add on top: the ACL check of
+ * the table (emit() runs as its owner), ExecutorCheckPerms_hook and
+ * statement hooks (pg_stat_statements sees no statement inside emit()).
  * direct_table() decides, once per relcache state of the table, whether
- * the table is still the one this knows: only the columns above, no other
- * INSERT trigger, no CHECK constraint, no generated column, no forced row
- * security.  A table that is not (a superuser added something) gets the
- * INSERT statement, which honours whatever was added.
+ * the table is still the one this knows: exactly the columns below, of
+ * these types, no NOT NULL where emit() may write a null, those defaults,
+ * no other INSERT trigger, no CHECK constraint, no generated column, no
+ * forced row security.  A table that is not (a superuser changed it) gets
+ * the INSERT statement, which honours whatever was changed.  An upgrade
+ * script that adds a column to outbox.events adds it here too, or emit()
+ * falls back to the INSERT (regress test emit checks which path runs).
  */
 typedef enum EventColumn
 {
@@ -582,15 +589,32 @@ typedef enum EventColumn
 	COL_CREATED_AT, EVENT_COLUMN_COUNT
 } EventColumn;
 
-static const char *const event_column_names[EVENT_COLUMN_COUNT] = {
-	"id", "txid", "event_id", "aggregate_type", "aggregate_id", "seq",
-	"event_type", "schema_version", "topic", "key", "payload", "headers",
-	"tenant", "traceparent", "occurred_at", "created_at"
-};
+typedef struct EventColumnSpec
+{
+	const char *name;
+	Oid			type;
+	int			param;			/* its insert parameter ($n, 0-based); -1:
+								 * computed here */
+	bool		nullable;		/* emit() may write a null */
+} EventColumnSpec;
 
-/* the insert parameter ($n, 0-based) each column takes; -1: computed here */
-static const int event_column_param[EVENT_COLUMN_COUNT] = {
-	-1, -1, 0, 1, 2, EMIT_NARGS - 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1
+static const EventColumnSpec event_columns[EVENT_COLUMN_COUNT] = {
+	[COL_ID] = {"id", INT8OID, -1, false},
+	[COL_TXID] = {"txid", XID8OID, -1, false},
+	[COL_EVENT_ID] = {"event_id", UUIDOID, 0, false},
+	[COL_AGGREGATE_TYPE] = {"aggregate_type", TEXTOID, 1, false},
+	[COL_AGGREGATE_ID] = {"aggregate_id", TEXTOID, 2, false},
+	[COL_SEQ] = {"seq", INT8OID, EMIT_NARGS - 1, true},
+	[COL_EVENT_TYPE] = {"event_type", TEXTOID, 3, false},
+	[COL_SCHEMA_VERSION] = {"schema_version", INT4OID, 4, false},
+	[COL_TOPIC] = {"topic", TEXTOID, 5, false},
+	[COL_KEY] = {"key", TEXTOID, 6, false},
+	[COL_PAYLOAD] = {"payload", JSONBOID, 7, false},
+	[COL_HEADERS] = {"headers", JSONBOID, 8, true},
+	[COL_TENANT] = {"tenant", TEXTOID, 9, true},
+	[COL_TRACEPARENT] = {"traceparent", TEXTOID, 10, true},
+	[COL_OCCURRED_AT] = {"occurred_at", TIMESTAMPTZOID, 11, false},
+	[COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID, -1, false},
 };
 
 typedef struct DirectTable
@@ -602,40 +626,47 @@ typedef struct DirectTable
 } DirectTable;
 
 static DirectTable direct_cache;
+static uint64 direct_invalidations = 0;
 static bool direct_callback_registered = false;
 
 static void
 direct_invalidate(Datum arg, Oid relid)
 {
+	direct_invalidations++;
 	if (relid == InvalidOid || relid == direct_cache.relid)
 		direct_cache.relid = InvalidOid;
 }
 
-/*
- * direct_table
- *		Whether rel, outbox.events, is the table the direct insert knows;
- *		cached until the next invalidation of rel.
- */
+/* whether column attnum of rel defaults to a call of funcid, no arguments */
 static bool
-direct_table(Relation rel)
+default_calls(Relation rel, AttrNumber attnum, Oid funcid)
+{
+	Node	   *def = build_column_default(rel, attnum);
+
+	return def != NULL && IsA(def, FuncExpr) &&
+		((FuncExpr *) def)->funcid == funcid &&
+		((FuncExpr *) def)->args == NIL;
+}
+
+/*
+ * direct_table_check
+ *		Into t: whether rel is the table the direct insert knows, and where
+ *		its columns are; NULL, or why not.
+ */
+static const char *
+direct_table_check(Relation rel, DirectTable *t)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	DirectTable *t = &direct_cache;
-
-	if (t->relid == RelationGetRelid(rel))
-		return t->direct;
-	if (!direct_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
-		direct_callback_registered = true;
-	}
+	Node	   *def;
 
 	memset(t, 0, sizeof(*t));
-	t->direct = rel->rd_rel->relkind == RELKIND_RELATION &&
-		!(rel->rd_rel->relrowsecurity && rel->rd_rel->relforcerowsecurity) &&
-		(desc->constr == NULL ||
-		 (desc->constr->num_check == 0 && !desc->constr->has_generated_stored));
-	if (t->direct && rel->trigdesc != NULL)
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		return "it is not a plain table";
+	if (rel->rd_rel->relrowsecurity && rel->rd_rel->relforcerowsecurity)
+		return "it forces row security";
+	if (desc->constr != NULL && desc->constr->num_check > 0)
+		return "it has a CHECK constraint";
+	if (rel->trigdesc != NULL)
 	{
 		for (int i = 0; i < rel->trigdesc->numtriggers; i++)
 		{
@@ -643,10 +674,10 @@ direct_table(Relation rel)
 
 			if (TRIGGER_FOR_INSERT(trig->tgtype) &&
 				strcmp(trig->tgname, "event_restored") != 0)
-				t->direct = false;
+				return "it has an INSERT trigger of its own";
 		}
 	}
-	for (int a = 0; t->direct && a < desc->natts; a++)
+	for (int a = 0; a < desc->natts; a++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, a);
 		int			c;
@@ -654,27 +685,65 @@ direct_table(Relation rel)
 		if (att->attisdropped)
 			continue;
 		for (c = 0; c < EVENT_COLUMN_COUNT; c++)
-			if (strcmp(NameStr(att->attname), event_column_names[c]) == 0)
+			if (strcmp(NameStr(att->attname), event_columns[c].name) == 0)
 				break;
 		if (c == EVENT_COLUMN_COUNT)
-			t->direct = false;	/* a column of someone else's */
-		else
-			t->attnum[c] = att->attnum;
+			return "it has a column emit() does not know";
+		if (att->atttypid != event_columns[c].type || att->atttypmod != -1)
+			return "a column's type is not emit()'s";
+		if (att->attgenerated != '\0')
+			return "it has a generated column";
+		if (att->attnotnull && event_columns[c].nullable)
+			return "a column emit() may leave null is NOT NULL";
+		t->attnum[c] = att->attnum;
 	}
-	for (int c = 0; t->direct && c < EVENT_COLUMN_COUNT; c++)
+	for (int c = 0; c < EVENT_COLUMN_COUNT; c++)
 		if (t->attnum[c] == InvalidAttrNumber)
-			t->direct = false;
-	if (t->direct)
-	{
-		Node	   *def = build_column_default(rel, t->attnum[COL_ID]);
+			return "a column is missing";
+	def = build_column_default(rel, t->attnum[COL_ID]);
+	if (def == NULL || !IsA(def, NextValueExpr))
+		return "id is not an identity column";
+	t->id_seq = ((NextValueExpr *) def)->seqid;
+	if (!default_calls(rel, t->attnum[COL_TXID], F_PG_CURRENT_XACT_ID) ||
+		!default_calls(rel, t->attnum[COL_CREATED_AT], F_CLOCK_TIMESTAMP))
+		return "a default is not emit()'s";
+	t->direct = true;
+	return NULL;
+}
 
-		if (def != NULL && IsA(def, NextValueExpr))
-			t->id_seq = ((NextValueExpr *) def)->seqid;
-		else
-			t->direct = false;
+/*
+ * direct_table
+ *		Whether rel, outbox.events, is the table the direct insert knows;
+ *		cached until the next invalidation of rel (one that arrives while
+ *		this looks leaves nothing cached).
+ */
+static bool
+direct_table(Relation rel)
+{
+	DirectTable t;
+	uint64		invalidations = direct_invalidations;
+	const char *why_not;
+
+	if (direct_cache.relid == RelationGetRelid(rel))
+		return direct_cache.direct;
+	if (!direct_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
+		direct_callback_registered = true;
 	}
-	t->relid = RelationGetRelid(rel);
-	return t->direct;
+
+	why_not = direct_table_check(rel, &t);
+	if (why_not == NULL)
+		elog(DEBUG1, "outbox.emit() writes outbox.events directly");
+	else
+		elog(DEBUG1, "outbox.emit() writes outbox.events through an INSERT statement: %s",
+			 why_not);
+	if (invalidations == direct_invalidations)
+	{
+		t.relid = RelationGetRelid(rel);
+		direct_cache = t;
+	}
+	return t.direct;
 }
 
 /*
@@ -690,7 +759,7 @@ insert_direct(Relation rel, Datum *values, char *nulls)
 	ResultRelInfo *rri = makeNode(ResultRelInfo);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	InitResultRelInfo(rri, rel, 0, NULL, 0);
 	ExecOpenIndices(rri, false);
 
 	ExecClearTuple(slot);
@@ -698,7 +767,7 @@ insert_direct(Relation rel, Datum *values, char *nulls)
 	for (int c = 0; c < EVENT_COLUMN_COUNT; c++)
 	{
 		int			att = t->attnum[c] - 1;
-		int			param = event_column_param[c];
+		int			param = event_columns[c].param;
 
 		slot->tts_isnull[att] = false;
 		if (param >= 0)
