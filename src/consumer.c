@@ -1593,6 +1593,15 @@ OutboxConsumerMain(Datum main_arg)
 	SetConfigOption("search_path", "pg_catalog", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * DDL on the extension's tables (DROP EXTENSION outbox) can lock them
+	 * in the order opposite to a worker's statement.  Checking for a
+	 * deadlock sooner than the sessions' default makes this worker the one
+	 * that gives way (it errors out, is started again and finds the
+	 * extension gone), not the user's command.
+	 */
+	SetConfigOption("deadlock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
+
 	w->cxt = AllocSetContextCreate(TopMemoryContext, "outbox subscription",
 								   ALLOCSET_DEFAULT_SIZES);
 	w->batch_cxt = AllocSetContextCreate(w->cxt, "outbox subscription batch",

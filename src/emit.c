@@ -713,19 +713,24 @@ direct_table_check(Relation rel, DirectTable *t)
 
 /*
  * direct_table
- *		Whether rel, outbox.events, is the table the direct insert knows;
- *		cached until the next invalidation of rel (one that arrives while
- *		this looks leaves nothing cached).
+ *		Whether rel, outbox.events, is the table the direct insert knows,
+ *		and into out its columns; cached until the next invalidation of rel
+ *		(one that arrives while this looks leaves nothing cached).  The
+ *		caller uses out, not the cache, which an invalidation may clear
+ *		while the caller opens the indexes.
  */
 static bool
-direct_table(Relation rel)
+direct_table(Relation rel, DirectTable *out)
 {
 	DirectTable t;
 	uint64		invalidations = direct_invalidations;
 	const char *why_not;
 
 	if (direct_cache.relid == RelationGetRelid(rel))
-		return direct_cache.direct;
+	{
+		*out = direct_cache;
+		return out->direct;
+	}
 	if (!direct_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
@@ -738,23 +743,21 @@ direct_table(Relation rel)
 	else
 		elog(DEBUG1, "outbox.emit() writes outbox.events through an INSERT statement: %s",
 			 why_not);
+	t.relid = RelationGetRelid(rel);
 	if (invalidations == direct_invalidations)
-	{
-		t.relid = RelationGetRelid(rel);
 		direct_cache = t;
-	}
+	*out = t;
 	return t.direct;
 }
 
 /*
  * insert_direct
  *		Insert the event row of parameters values/nulls (the INSERT's $1..$13)
- *		into rel as the INSERT would; rel is direct_table().
+ *		into rel as the INSERT would; t is rel's direct_table().
  */
 static void
-insert_direct(Relation rel, Datum *values, char *nulls)
+insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 {
-	DirectTable *t = &direct_cache;
 	EState	   *estate = CreateExecutorState();
 	ResultRelInfo *rri = makeNode(ResultRelInfo);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
@@ -802,12 +805,13 @@ static void
 insert_row(Datum *values, char *nulls)
 {
 	Relation	rel;
+	DirectTable t;
 	int			rc;
 
 	rel = table_openrv(makeRangeVar("outbox", "events", -1), RowExclusiveLock);
-	if (direct_table(rel))
+	if (direct_table(rel, &t))
 	{
-		insert_direct(rel, values, nulls);
+		insert_direct(rel, &t, values, nulls);
 		table_close(rel, NoLock);
 		return;
 	}

@@ -646,6 +646,15 @@ relay_start(Relay *r, Oid dboid)
 	 */
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * DDL on the extension's tables (DROP EXTENSION outbox) can lock them
+	 * in the order opposite to a worker's statement.  Checking for a
+	 * deadlock sooner than the sessions' default makes this worker the one
+	 * that gives way (it errors out, is started again and finds the
+	 * extension gone), not the user's command.
+	 */
+	SetConfigOption("deadlock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
+
 	r->cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 								   ALLOCSET_DEFAULT_SIZES);
 	r->loop_cxt = AllocSetContextCreate(r->cxt, "outbox relay loop",
