@@ -16,7 +16,8 @@
  *	- The event row is written without an INSERT statement (insert_direct:
  *	  the heap tuple and its index entries, as the INSERT would write them)
  *	  while outbox.events is the table emit() knows; one a superuser has
- *	  added a trigger, a constraint or a column to gets the INSERT.
+ *	  changed (a trigger, constraint, column, type or default) gets the
+ *	  INSERT (direct_table).
  *	- With outbox.aggregate_sequence on, the transaction's first event of
  *	  an aggregate takes its seq from its counter row, which locks the row
  *	  before the event row's id is drawn; later ones take the seq
@@ -42,7 +43,6 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
@@ -56,7 +56,6 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
-#include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/datetime.h"
 #include "utils/jsonb.h"
@@ -73,40 +72,33 @@ PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 /*
- * The two inserts.  Parameters $1..$12 are the event's; INSERT_GIVEN adds
- * $13, its seq (NULL with the sequence off).  Operators are
- * schema-qualified because emit() runs as the extension owner.
+ * emit()'s statements.  The event insert's parameters $1..$12 are the
+ * event's, $13 its seq (NULL with the sequence off); the direct insert
+ * takes the same array.  Operators are schema-qualified because emit()
+ * runs as the extension owner.
  */
 #define EMIT_NARGS 13
 
-typedef enum EmitInsert
-{
-	INSERT_GIVEN,				/* the event row, seq in $13: known, or none */
-	INSERT_TAKE,				/* the counter row's next seq */
-	INSERT_KINDS
-} EmitInsert;
-
-static const char *const insert_sql[INSERT_KINDS] = {
-	/* the event row when the direct insert cannot take it (direct_table) */
-	[INSERT_GIVEN] =
+/* the event row when the direct insert cannot take it (direct_table) */
+static const char *const event_insert_sql =
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
 	" traceparent, occurred_at)"
-	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
-	/*
-	 * The transaction's first event of an aggregate: the counter row's
-	 * update locks the row before the event id is drawn.  No row: the
-	 * aggregate has none yet, and sequence.c's upsert makes one.
-	 */
-	[INSERT_TAKE] =
+/*
+ * The transaction's first event of an aggregate: the counter row's update
+ * locks the row before the event id is drawn.  No row: the aggregate has
+ * none yet, and sequence.c's upsert makes one.
+ */
+static const char *const counter_update_sql =
 	"UPDATE outbox.aggregates AS a SET last_seq = a.last_seq OPERATOR(pg_catalog.+) 1"
 	" WHERE a.aggregate_type OPERATOR(pg_catalog.=) $1"
 	" AND a.aggregate_id OPERATOR(pg_catalog.=) $2"
-	" RETURNING a.last_seq",
-};
+	" RETURNING a.last_seq";
 
-static SPIPlanPtr insert_plans[INSERT_KINDS];
+static SPIPlanPtr event_insert_plan;
+static SPIPlanPtr counter_update_plan;
 
 /*
  * One event on its way into outbox.events: the arguments as checked, and
@@ -817,17 +809,16 @@ insert_row(Datum *values, char *nulls)
 	}
 	table_close(rel, NoLock);
 
-	if (insert_plans[INSERT_GIVEN] == NULL)
+	if (event_insert_plan == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
 		TIMESTAMPTZOID, INT8OID};
 
-		insert_plans[INSERT_GIVEN] = OutboxStorePrepare(insert_sql[INSERT_GIVEN],
-														EMIT_NARGS, argtypes,
-														"the outbox insert");
+		event_insert_plan = OutboxStorePrepare(event_insert_sql, EMIT_NARGS,
+											   argtypes, "the outbox insert");
 	}
-	rc = SPI_execute_plan(insert_plans[INSERT_GIVEN], values, nulls, false, 0);
+	rc = SPI_execute_plan(event_insert_plan, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
@@ -846,15 +837,14 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 	bool		isnull;
 	int			rc;
 
-	if (insert_plans[INSERT_TAKE] == NULL)
+	if (counter_update_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
-		insert_plans[INSERT_TAKE] = OutboxStorePrepare(insert_sql[INSERT_TAKE],
-													   2, argtypes,
-													   "the counter row's update");
+		counter_update_plan = OutboxStorePrepare(counter_update_sql, 2,
+												 argtypes, "the counter row's update");
 	}
-	rc = SPI_execute_plan(insert_plans[INSERT_TAKE], values, NULL, false, 0);
+	rc = SPI_execute_plan(counter_update_plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING || SPI_processed > 1)
 		elog(ERROR, "outbox counter update returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
