@@ -44,6 +44,7 @@ int			outbox_batch_max_bytes = OUTBOX_BATCH_MAX_BYTES_DEFAULT;
 int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
 bool		outbox_enabled = true;
 int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
+int			outbox_kafka_idle_timeout = OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
 int			outbox_max_subscriptions = OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
@@ -282,6 +283,16 @@ define_relay_settings(void)
 							NULL,
 							&outbox_shutdown_timeout,
 							OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT, 0, OUTBOX_SHUTDOWN_TIMEOUT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.kafka_idle_timeout",
+							"How long an idle relay keeps its Kafka producer.",
+							"After this long with nothing to publish the relay closes its producer "
+							"(its connections and librdkafka's threads); the next event opens it again. "
+							"0 keeps it open.",
+							&outbox_kafka_idle_timeout,
+							OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

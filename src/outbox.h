@@ -31,6 +31,7 @@
 #define OUTBOX_POLL_INTERVAL_DEFAULT 1000
 #define OUTBOX_POLL_INTERVAL_MAX	3600000
 #define OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT 5000
+#define OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT 60000
 #define OUTBOX_SHUTDOWN_TIMEOUT_MAX 600000
 #define OUTBOX_MAX_DATABASES_DEFAULT 16
 #define OUTBOX_MAX_DATABASES_MAX	1024
@@ -111,6 +112,7 @@ extern int	outbox_batch_max_bytes;
 extern int	outbox_poll_interval;
 extern bool outbox_enabled;
 extern int	outbox_shutdown_timeout;
+extern int	outbox_kafka_idle_timeout;
 extern int	outbox_max_databases;
 extern int	outbox_retry_backoff_min;
 extern int	outbox_retry_backoff_max;

@@ -33,7 +33,9 @@
  *	  reload (SIGHUP) is processed.  The safety poll outbox.poll_interval
  *	  only catches what woke nobody.
  *	- The producer is built, and rebuilt after a reload changed its
- *	  settings or a fatal error, in one place (ensure_producer).
+ *	  settings or a fatal error, in one place (ensure_producer); it is
+ *	  closed after outbox.kafka_idle_timeout with nothing to publish
+ *	  (close_idle_producer) and built again for the next page to send.
  *	- Shutdown: once it is asked, the loop takes no new page in hand; the
  *	  page in hand is finished only as far as its delivery reports arrive
  *	  within outbox.shutdown_timeout (none while the database is being
@@ -200,8 +202,40 @@ ensure_producer(Relay *r)
 		OutboxRelayReportError(r, "could not create the Kafka producer", message);
 		return false;
 	}
+	if (r->producer_closed)
+		ereport(DEBUG1,
+				(errmsg("outbox relay: events to publish, opening the Kafka producer again")));
 	set_producer(r, producer);
+	r->producer_closed = false;
 	return true;
+}
+
+/*
+ * close_idle_producer
+ *		After outbox.kafka_idle_timeout with nothing to publish, close the
+ *		producer: even idle, an open one costs the wake-ups of librdkafka's
+ *		threads, about one a second each (one per broker, one per bootstrap
+ *		address, its main thread).  Not while partitions are held: their
+ *		probes need it.  The next page to send opens it again (step_send).
+ */
+static void
+close_idle_producer(Relay *r)
+{
+	OutboxRoundReport report;
+
+	if (r->producer == NULL || outbox_kafka_idle_timeout <= 0 || r->holds != NIL ||
+		!TimestampDifferenceExceeds(r->idle_since, GetCurrentTimestamp(),
+									outbox_kafka_idle_timeout))
+		return;
+	ereport(DEBUG1,
+			(errmsg("outbox relay: nothing to publish for %d ms, closing the Kafka producer",
+					outbox_kafka_idle_timeout)));
+	set_producer(r, NULL);
+	r->producer_closed = true;
+	/* status(): no producer, so no broker count */
+	OutboxRelayReportInit(&report);
+	report.brokers_up = -1;
+	OutboxSlotReportRound(r->slot, &report);
 }
 
 /*
@@ -345,14 +379,22 @@ enter_back_off(Relay *r, RelayStep next)
 static RelayStep
 enter_idle(Relay *r)
 {
+	if (r->idle_since == 0)
+		r->idle_since = GetCurrentTimestamp();
 	if (r->restore_waiting_since != 0)
 		OutboxRelayAdoptRestored(r);
 	OutboxRelaySetState(r, OUTBOX_RELAY_IDLE);
 	if (r->producer != NULL)
 		report_producer(r);
 	OutboxRelayCleanup(r);
+	close_idle_producer(r);
 	r->wait_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												outbox_poll_interval);
+	/* wake to close it on time, whatever the safety poll */
+	if (r->producer != NULL && outbox_kafka_idle_timeout > 0 && r->holds == NIL)
+		r->wait_until = Min(r->wait_until,
+							TimestampTzPlusMilliseconds(r->idle_since,
+														outbox_kafka_idle_timeout));
 	return RELAY_STEP_IDLE;
 }
 
@@ -436,7 +478,8 @@ step_read(Relay *r)
 
 	if (!outbox_enabled || outbox_kafka_brokers[0] == '\0')
 		return enter_paused(r);
-	if (!ensure_producer(r))
+	/* closed for idleness, it is opened when there is something to send */
+	if (!r->producer_closed && !ensure_producer(r))
 		return enter_back_off(r, RELAY_STEP_READ);
 	if (OutboxSlotTakeReplayPending(r->slot))
 	{
@@ -465,7 +508,11 @@ step_read(Relay *r)
 
 	/* held partitions: probes out, and drains taking turns with the batch */
 	if (r->holds != NIL)
+	{
+		if (!ensure_producer(r))
+			return enter_back_off(r, RELAY_STEP_READ);
 		OutboxRelaySendProbes(r);
+	}
 	if (r->drain_turn && OutboxRelayTakeDrain(r))
 		return RELAY_STEP_SEND;
 
@@ -499,6 +546,7 @@ step_send(Relay *r)
 	bool		first = (pg->rounds == 0);
 	char		activity[64];
 
+	r->idle_since = 0;
 	if (!ensure_producer(r))
 		return enter_back_off(r, RELAY_STEP_SEND);
 	if (first && !pg->replay)

@@ -111,6 +111,8 @@ typedef struct Relay
 	WaitEventSet *wait_set;		/* made at start-up, kept for life */
 	int			event_pipe[2];	/* every producer writes to [1] when it has news */
 	const char *fatal_reason;	/* a fatal delivery error: rebuild */
+	bool		producer_closed;	/* closed for idleness (outbox.kafka_idle_timeout) */
+	TimestampTz idle_since;		/* nothing to publish since; 0: busy */
 	uint32		wait_idle;		/* wait events (compat.h) */
 	uint32		wait_acks;
 	uint32		wait_backoff;

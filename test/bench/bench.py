@@ -424,28 +424,53 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
-def thread_ticks(pid):
-    """CPU ticks of each thread of pid, by thread name (librdkafka's are rdk:...)."""
+def thread_ms(pid):
+    """CPU ms of each live thread of pid (schedstat, in ns: finer than the
+    10 ms ticks of stat), by thread name (librdkafka's are rdk:...)."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
         except FileNotFoundError:
             continue
-        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+        out[name] = out.get(name, 0) + ns / 1e6
     return out
 
 
-def bench_idle(conn):
+def threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def idle_cpu(pid, secs):
+    """CPU of pid over secs idle seconds, in ms, with the share of
+    librdkafka's threads and the busiest of them."""
+    hz = os.sysconf("SC_CLK_TCK")
+    cpu0, threads0 = cpu_ticks(pid), thread_ms(pid)
+    time.sleep(secs)
+    cpu1, threads1 = cpu_ticks(pid), thread_ms(pid)
+    # threads that ended meanwhile (a producer closed) count in the total only
+    per = {n: threads1[n] - threads0.get(n, 0) for n in threads1}
+    rdk = sum(v for n, v in per.items() if n.startswith("rdk:"))
+    busiest = max((n for n in per if n.startswith("rdk:")), key=lambda n: per[n], default="none")
+    mine = sum(v for n, v in per.items() if not n.startswith("rdk:"))
+    return ((cpu1 - cpu0) * 1000 / hz,
+            f"relay thread {mine:.0f} ms, librdkafka threads {rdk:.0f} ms"
+            + (f" ({busiest} {per[busiest]:.0f} ms)" if rdk else ""))
+
+
+def bench_idle(conn, brokers):
     set_conf(conn, "outbox.enabled", "on")
+    # the first minute with the producer kept open
+    set_conf(conn, "outbox.kafka_idle_timeout", "0")
+    q(conn, "SELECT outbox.emit('tick', '0', 'tick', '{}')")
     # the minute starts once the relay has published what earlier sections
     # left and settled: idle, nothing pending, nothing sent for 5 s
     for _ in range(600):
         st = q(conn, "SELECT state, backlog, last_delivery_at FROM outbox.status()")[0]
-        if st[0] == "idle" and st[1] == 0 and (st[2] is None or q1(conn, "SELECT now() - %s > interval '5 s'", st[2])):
+        if st[0] == "running" and st[1] == 0 and (st[2] is None or q1(conn, "SELECT now() - %s > interval '5 s'", st[2])):
             break
         time.sleep(1)
     pid = relay_pid(conn)
@@ -456,29 +481,53 @@ def bench_idle(conn):
     q(conn, "SELECT pg_stat_statements_reset()")
     q(conn, "SELECT pg_stat_reset_shared('wal')")
     wal0 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
-    cpu0, threads0 = cpu_ticks(pid), thread_ticks(pid)
-    time.sleep(IDLE_SECS)
-    cpu1, threads1 = cpu_ticks(pid), thread_ticks(pid)
+    cpu_open, note_open = idle_cpu(pid, IDLE_SECS)
     wal1 = q1(conn, "SELECT wal_bytes FROM pg_stat_wal")
     calls = q(conn, """SELECT coalesce(sum(calls), 0), count(*) FROM pg_stat_statements s
                         JOIN pg_database d ON d.oid = s.dbid
                        WHERE d.datname = 'bench' AND query !~* 'pg_stat_|pg_reload_conf|ALTER SYSTEM'""")[0]
     polls = IDLE_SECS * 1000 / int(q1(conn, "SELECT setting FROM pg_settings WHERE name = 'outbox.poll_interval'"))
-    hz = os.sysconf("SC_CLK_TCK")
     row("idle", f"relay statements over {IDLE_SECS} s idle", fmt(calls[0]), "calls", "",
         f"{calls[1]} distinct; {polls:.0f} safety polls")
     row("idle", f"WAL written over {IDLE_SECS} s idle", fmt(wal1 - wal0), "bytes")
-    per = {n: (threads1[n] - threads0.get(n, 0)) * 1000 / hz for n in threads1}
-    rdk = sum(v for n, v in per.items() if n.startswith("rdk:"))
-    busiest = max((n for n in per if n.startswith("rdk:")), key=lambda n: per[n], default="none")
-    row("idle", f"relay CPU over {IDLE_SECS} s idle", f"{(cpu1 - cpu0) * 1000 / hz:.0f}", "ms",
-        "", f"the process: relay thread {sum(v for n, v in per.items() if not n.startswith('rdk:')):.0f} ms,"
-            f" librdkafka threads {rdk:.0f} ms ({busiest} {per.get(busiest, 0):.0f} ms)")
+    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer open", f"{cpu_open:.0f}", "ms",
+        "", f"outbox.kafka_idle_timeout = 0; the process: {note_open}")
+
+    # the default: the producer is closed after outbox.kafka_idle_timeout
+    q(conn, "ALTER SYSTEM RESET outbox.kafka_idle_timeout")
+    q(conn, "SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    timeout = q1(conn, "SHOW outbox.kafka_idle_timeout")
+    t0 = time.time()
+    while threads(pid) > 1 and time.time() - t0 < 300:
+        time.sleep(0.2)
+    closed_after = time.time() - t0
+    cpu_closed, note_closed = idle_cpu(pid, IDLE_SECS)
+    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer closed", f"{cpu_closed:.0f}", "ms",
+        f"{cpu_closed / cpu_open:.2f}" if cpu_open else "",
+        f"the default, outbox.kafka_idle_timeout = {timeout} (closed {closed_after:.0f} s after the reset, idle since the minute above began);"
+        f" {note_closed}; ratio to producer open")
+
+    # what closing costs: the first event after it opens the producer again
+    consumer = Consumer(brokers, "outbox.event.tick")
+    time.sleep(3)
+    tick = ("SELECT outbox.emit('tick', '1', 'tick', jsonb_build_object('t', "
+            "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint))")
+    q(conn, tick)
+    time.sleep(2)
+    q(conn, tick)
+    time.sleep(1)
+    consumer.stop()
+    lat = consumer.lat           # in arrival order
+    if len(lat) == 2:
+        row("idle", "first event after the close, commit to kcat", f"{lat[0]:.1f}", "ms", "",
+            f"opens the producer; the next event, producer open: {lat[1]:.1f} ms")
+    else:
+        row("idle", "first event after the close, commit to kcat", "?", "ms", "",
+            f"kcat saw {len(lat)} of 2 events")
     set_conf(conn, "outbox.enabled", "off")
     set_conf(conn, "autovacuum", "on")
 
-
-# ------------------------------------------------------------------ bigtx
 
 def bench_bigtx(conn):
     """One transaction emitting many events over 100 aggregates, with the
@@ -856,7 +905,10 @@ def bench_debezium(server, conn):
             row(S, f"outbox vs Debezium: p50 latency at {label}", ms3(mine), "ms",
                 f"{pct(mine, 50) / pct(other, 50):.2f}", f"{len(mine)} events; ratio of p50")
 
-        # -- idle: each publisher alone over the same idle time
+        # -- idle: each publisher alone over the same idle time; the relay
+        # with its producer kept open, then closed as by default after
+        # outbox.kafka_idle_timeout
+        set_conf(conn, "outbox.kafka_idle_timeout", "0")
         set_conf(conn, "outbox.enabled", "on")
         set_conf(conn, "autovacuum", "off")
         time.sleep(5)
@@ -868,7 +920,14 @@ def bench_debezium(server, conn):
             time.sleep(IDLE_SECS)
             return ((cpu_ticks(pid) - c0) * 1000 / hz,
                     q1(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", lsn0))
-        r_cpu, r_wal = idle(relay_pid(conn))
+        rpid = relay_pid(conn)
+        r_cpu, r_wal = idle(rpid)
+        q(conn, "ALTER SYSTEM RESET outbox.kafka_idle_timeout")
+        q(conn, "SELECT pg_reload_conf()")
+        t0 = time.time()
+        while threads(rpid) > 1 and time.time() - t0 < 300:
+            time.sleep(0.2)
+        rc_cpu, rc_wal = idle(rpid)
         set_conf(conn, "outbox.enabled", "off")
         dbz.start()
         dbz.wait_streaming(conn)
@@ -877,8 +936,13 @@ def bench_debezium(server, conn):
         set_conf(conn, "autovacuum", "on")
         row(S, f"Debezium CPU over {IDLE_SECS} s idle (the JVM)", f"{d_cpu:.0f}", "ms", "",
             f"WAL written meanwhile {d_wal:,.0f} bytes")
-        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s)", f"{r_cpu:.0f}", "ms",
-            f"{r_cpu / d_cpu:.3f}" if d_cpu else "", f"WAL written meanwhile {r_wal:,.0f} bytes")
+        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer open", f"{r_cpu:.0f}", "ms",
+            f"{r_cpu / d_cpu:.3f}" if d_cpu else "",
+            f"outbox.kafka_idle_timeout = 0; WAL written meanwhile {r_wal:,.0f} bytes")
+        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer closed", f"{rc_cpu:.0f}", "ms",
+            f"{rc_cpu / d_cpu:.3f}" if d_cpu else "",
+            f"the default: closed after outbox.kafka_idle_timeout ({q1(conn, 'SHOW outbox.kafka_idle_timeout')});"
+            f" WAL written meanwhile {rc_wal:,.0f} bytes")
 
         # -- kill -9 mid-drain; Debezium is started again at once, the relay
         # by the postmaster (its death is a crash restart of the server)
@@ -1118,7 +1182,7 @@ def main():
         if "latency" in SECTIONS:
             bench_latency(server, conn, broker.bootstrap, drain_rate, best[1])
         if "idle" in SECTIONS:
-            bench_idle(conn)
+            bench_idle(conn, broker.bootstrap)
         if "held" in SECTIONS:
             bench_held_xmin(conn)
         if "bigtx" in SECTIONS:

@@ -1,6 +1,8 @@
 # test/t/209_idle_cost.pl: an idle relay costs little CPU (its safety poll
 # opens no transaction while no transaction has ended), and the safety poll
 # still finds an event row inserted without emit(), which wakes nobody.
+# After outbox.kafka_idle_timeout the relay closes its producer (librdkafka's
+# threads end); the next commit, or the safety poll, opens it again.
 
 use strict;
 use warnings;
@@ -14,6 +16,16 @@ use Time::HiRes qw(usleep);
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
+
+# threads of the relay process: 1 without a producer
+sub threads
+{
+	my ($pid) = @_;
+	opendir(my $dh, "/proc/$pid/task") or die "no /proc/$pid/task: $!";
+	my $n = grep { /^\d+$/ } readdir($dh);
+	closedir $dh;
+	return $n;
+}
 
 # CPU of the relay process, all its threads (librdkafka's too), in ms
 sub cpu_ms
@@ -56,6 +68,48 @@ my $quiet = $node->safe_psql('postgres',
 	insert_event_sql('idle', '2', 'idle.quiet', "'{}'"));
 wait_for_events($kafka, 'outbox.event.idle', [$quiet], 30);
 pass('the safety poll publishes a row inserted without emit()');
+
+# an idle producer is closed after outbox.kafka_idle_timeout
+cmp_ok(threads($pid), '>', 1, 'the relay has librdkafka threads while its producer is open');
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.kafka_idle_timeout = '2s'; SELECT pg_reload_conf()");
+my $closed = 0;
+foreach (1 .. 100)
+{
+	last if ($closed = threads($pid) == 1);
+	usleep(100_000);
+}
+ok($closed, 'after 2 s with nothing to publish the producer is closed: one thread left');
+is($node->safe_psql('postgres', 'SELECT state, brokers_up IS NULL FROM outbox.status()'),
+	'running|t', 'status(): still running, brokers_up unknown without a producer');
+is($node->safe_psql('postgres', "SELECT status FROM outbox.health()"),
+	'ok', 'health(): ok');
+
+# the next commit opens it again, and its event reaches Kafka
+$id = $node->safe_psql('postgres',
+	"SELECT outbox.emit('idle', '3', 'idle.after_close', '{}')");
+wait_for_events($kafka, 'outbox.event.idle', [$id]);
+pass('an event emitted after the producer closed is published');
+cmp_ok(threads($pid), '>', 1, 'the producer is open again');
+
+# closed again, a row that wakes nobody is still found by the safety poll
+$closed = 0;
+foreach (1 .. 100)
+{
+	last if ($closed = threads($pid) == 1);
+	usleep(100_000);
+}
+ok($closed, 'closed again after 2 s idle');
+$quiet = $node->safe_psql('postgres',
+	insert_event_sql('idle', '4', 'idle.quiet_closed', "'{}'"));
+wait_for_events($kafka, 'outbox.event.idle', [$quiet], 30);
+pass('the safety poll publishes a quiet row while the producer is closed');
+
+# 0 keeps it open
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.kafka_idle_timeout = 0; SELECT pg_reload_conf()");
+sleep 4;
+cmp_ok(threads($pid), '>', 1, 'outbox.kafka_idle_timeout = 0 keeps the producer open');
 
 $node->stop;
 $kafka->stop;
