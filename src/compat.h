@@ -237,6 +237,37 @@ OutboxXactCompletionCount(void)
 #endif
 
 
+/* ---- 1.8 A row updated without the executor --------------------------
+ *
+ * 16 made table_tuple_update()'s "update the indexes" answer an enum
+ * (TU_None, TU_All, TU_Summarizing: a HOT update may still need its
+ * summarizing indexes) where 15 had a bool; ExecInsertIndexTuples() then
+ * takes onlySummarizing.  Its "update" flag only lets it tell an index
+ * whose key the update left alone (a hint, from the range table's updated
+ * columns, which a row updated without the executor has not): false.  18
+ * gave index_beginscan() an instrumentation argument (NULL: none).
+ */
+#if PG_VERSION_NUM >= 160000
+typedef TU_UpdateIndexes OutboxUpdateIndexes;
+#define OutboxUpdateNeedsIndexes(u)	((u) != TU_None)
+#define OutboxUpdateIndexTuples(rri, slot, estate, u) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, \
+						  (u) == TU_Summarizing)
+#else
+typedef bool OutboxUpdateIndexes;
+#define OutboxUpdateNeedsIndexes(u)	(u)
+#define OutboxUpdateIndexTuples(rri, slot, estate, u) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
+#endif
+#include "access/genam.h"
+#if PG_VERSION_NUM >= 180000
+#define OutboxIndexBeginScan(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), 0)
+#else
+#define OutboxIndexBeginScan(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
+#endif
+
 /* ========================================================================
  * Part 2: librdkafka
  * ========================================================================

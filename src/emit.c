@@ -40,9 +40,14 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/heapam.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
@@ -57,6 +62,8 @@
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
+#include "utils/snapmgr.h"
 #include "utils/datetime.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
@@ -621,12 +628,37 @@ static DirectTable direct_cache;
 static uint64 direct_invalidations = 0;
 static bool direct_callback_registered = false;
 
+/* what take_seq_direct() found outbox.aggregates to be, for its relcache state */
+typedef struct CounterTable
+{
+	Oid			relid;			/* InvalidOid: not known (yet, or any more) */
+	const char *why_not;		/* NULL: take_seq_direct() can update it */
+	Oid			pk;
+	AttrNumber	att_type;
+	AttrNumber	att_id;
+	AttrNumber	att_seq;
+} CounterTable;
+
+static CounterTable counter_cache;
+
 static void
 direct_invalidate(Datum arg, Oid relid)
 {
 	direct_invalidations++;
 	if (relid == InvalidOid || relid == direct_cache.relid)
 		direct_cache.relid = InvalidOid;
+	if (relid == InvalidOid || relid == counter_cache.relid)
+		counter_cache.relid = InvalidOid;
+}
+
+static void
+direct_register_callback(void)
+{
+	if (!direct_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
+		direct_callback_registered = true;
+	}
 }
 
 /* whether column attnum of rel defaults to a call of funcid, no arguments */
@@ -723,11 +755,7 @@ direct_table(Relation rel, DirectTable *out)
 		*out = direct_cache;
 		return out->direct;
 	}
-	if (!direct_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
-		direct_callback_registered = true;
-	}
+	direct_register_callback();
 
 	why_not = direct_table_check(rel, &t);
 	if (why_not == NULL)
@@ -824,10 +852,225 @@ insert_row(Datum *values, char *nulls)
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
 }
 
+/* whether index is a btree on exactly (att_type, att_id), text, "C" */
+static bool
+counter_key_index(Relation index, AttrNumber att_type, AttrNumber att_id)
+{
+	return index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indisvalid && index->rd_index->indisready &&
+		index->rd_index->indnkeyatts == 2 &&
+		index->rd_index->indnatts == 2 &&
+		index->rd_index->indkey.values[0] == att_type &&
+		index->rd_index->indkey.values[1] == att_id &&
+		index->rd_opcintype[0] == TEXTOID && index->rd_opcintype[1] == TEXTOID &&
+		index->rd_indcollation[0] == C_COLLATION_OID &&
+		index->rd_indcollation[1] == C_COLLATION_OID &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL);
+}
+
+/*
+ * counter_table_check
+ *		Into c: whether rel, outbox.aggregates, is the table
+ *		take_seq_direct() knows, its primary key and its columns; NULL, or
+ *		why not.  Only the relcache (and the key's index) is read.
+ */
+static const char *
+counter_table_check(Relation rel, CounterTable *c)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Relation	index;
+	bool		key_ok;
+
+	memset(c, 0, sizeof(*c));
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relam != HEAP_TABLE_AM_OID)
+		return "it is not a plain heap table";
+	if (rel->rd_rel->relrowsecurity && rel->rd_rel->relforcerowsecurity)
+		return "it forces row security";
+	if (rel->trigdesc != NULL || rel->rd_rules != NULL)
+		return "it has a trigger or a rule";
+	if (desc->constr != NULL &&
+		(desc->constr->num_check > 0 || desc->constr->has_generated_stored))
+		return "it has a CHECK constraint or a generated column";
+	for (int a = 0; a < desc->natts; a++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, a);
+		const char *name = NameStr(att->attname);
+
+		if (att->attisdropped)
+			continue;
+		if (strcmp(name, "aggregate_type") == 0 && att->atttypid == TEXTOID)
+			c->att_type = att->attnum;
+		else if (strcmp(name, "aggregate_id") == 0 && att->atttypid == TEXTOID)
+			c->att_id = att->attnum;
+		else if (strcmp(name, "last_seq") == 0 && att->atttypid == INT8OID)
+			c->att_seq = att->attnum;
+	}
+	if (c->att_type == InvalidAttrNumber || c->att_id == InvalidAttrNumber ||
+		c->att_seq == InvalidAttrNumber)
+		return "a column is missing or of another type";
+	list_free(RelationGetIndexList(rel));
+	c->pk = rel->rd_pkindex;
+	if (!OidIsValid(c->pk))
+		return "it has no primary key";
+	index = index_open(c->pk, AccessShareLock);
+	key_ok = counter_key_index(index, c->att_type, c->att_id);
+	index_close(index, AccessShareLock);
+	if (!key_ok)
+		return "its primary key is not emit()'s";
+	return NULL;
+}
+
+/*
+ * counter_table
+ *		Into out: what counter_table_check() says of rel, cached until the
+ *		next invalidation of rel, as direct_table() caches.
+ */
+static void
+counter_table(Relation rel, CounterTable *out)
+{
+	CounterTable c;
+	uint64		invalidations = direct_invalidations;
+
+	if (counter_cache.relid == RelationGetRelid(rel))
+	{
+		*out = counter_cache;
+		return;
+	}
+	direct_register_callback();
+	c.why_not = counter_table_check(rel, &c);
+	if (c.why_not == NULL)
+		elog(DEBUG1, "outbox.emit() updates outbox.aggregates directly");
+	else
+		elog(DEBUG1, "outbox.emit() updates outbox.aggregates through an UPDATE statement: %s",
+			 c.why_not);
+	c.relid = RelationGetRelid(rel);
+	if (invalidations == direct_invalidations)
+		counter_cache = c;
+	*out = c;
+}
+
+/*
+ * take_seq_direct
+ *		take_seq() without the UPDATE statement, while outbox.aggregates is
+ *		the table this knows (counter_table_check): find the aggregate's row
+ *		through the primary key with a new snapshot, as the statement would
+ *		(READ COMMITTED: the latest; otherwise the transaction's), and
+ *		update it, which locks it.  TAKE_DONE with *seq; TAKE_NO_ROW: there
+ *		is none (the upsert makes it); TAKE_STATEMENT: leave it to the
+ *		statement, which waits for, rechecks and raises what UPDATE does:
+ *		the table is not this one, or the row changed since the snapshot
+ *		(a concurrent update, or this transaction's own in this command).
+ *		Not under SERIALIZABLE (insert_event).
+ */
+typedef enum TakeResult
+{
+	TAKE_DONE, TAKE_NO_ROW, TAKE_STATEMENT
+} TakeResult;
+
+static TakeResult
+take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
+{
+	Relation	rel;
+	Relation	index;
+	CounterTable c;
+	ScanKeyData keys[2];
+	IndexScanDesc scan;
+	TupleTableSlot *old_slot;
+	TupleTableSlot *new_slot;
+	Snapshot	snapshot;
+	TakeResult	result = TAKE_NO_ROW;
+
+	rel = table_openrv(makeRangeVar("outbox", "aggregates", -1), RowExclusiveLock);
+	counter_table(rel, &c);
+	if (c.why_not != NULL)
+	{
+		table_close(rel, NoLock);
+		return TAKE_STATEMENT;
+	}
+	index = index_open(c.pk, RowExclusiveLock);
+
+	/* what a statement of SPI's would see: this transaction's changes too */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	snapshot = GetActiveSnapshot();
+
+	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(aggregate_type));
+	ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(aggregate_id));
+	/* ScanKeyInit gives "C", the key's collation */
+	old_slot = table_slot_create(rel, NULL);
+	new_slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsVirtual);
+	scan = OutboxIndexBeginScan(rel, index, snapshot, 2);
+	index_rescan(scan, keys, 2, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, old_slot))
+	{
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+		OutboxUpdateIndexes update_indexes;
+		TM_Result	tm;
+		bool		isnull;
+		int64		next;
+
+		slot_getallattrs(old_slot);
+		next = DatumGetInt64(slot_getattr(old_slot, c.att_seq, &isnull));
+		if (isnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_CORRUPTED),
+					 errmsg("outbox.aggregates has a null last_seq")));
+		if (next == PG_INT64_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("bigint out of range")));
+		next++;
+		ExecClearTuple(new_slot);
+		memcpy(new_slot->tts_values, old_slot->tts_values,
+			   old_slot->tts_nvalid * sizeof(Datum));
+		memcpy(new_slot->tts_isnull, old_slot->tts_isnull,
+			   old_slot->tts_nvalid * sizeof(bool));
+		new_slot->tts_values[c.att_seq - 1] = Int64GetDatum(next);
+		ExecStoreVirtualTuple(new_slot);
+
+		tm = table_tuple_update(rel, &old_slot->tts_tid, new_slot,
+								GetCurrentCommandId(true), snapshot,
+								InvalidSnapshot, true, &tmfd, &lockmode,
+								&update_indexes);
+		if (tm == TM_Ok)
+		{
+			if (OutboxUpdateNeedsIndexes(update_indexes))
+			{
+				EState	   *estate = CreateExecutorState();
+				ResultRelInfo *rri = makeNode(ResultRelInfo);
+
+				InitResultRelInfo(rri, rel, 0, NULL, 0);
+				ExecOpenIndices(rri, false);
+				list_free(OutboxUpdateIndexTuples(rri, new_slot, estate, update_indexes));
+				ExecCloseIndices(rri);
+				FreeExecutorState(estate);
+			}
+			*seq = next;
+			result = TAKE_DONE;
+		}
+		else
+			/* it waited for the other updater, if any: now the statement */
+			result = TAKE_STATEMENT;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(new_slot);
+	ExecDropSingleTupleTableSlot(old_slot);
+	PopActiveSnapshot();
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+	return result;
+}
+
 /*
  * take_seq
  *		The aggregate's next seq from its counter row, which the update
  *		locks until the transaction ends; false when it has no counter row.
+ *		Directly when it can (take_seq_direct), else by the statement.
  */
 static bool
 take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
@@ -836,6 +1079,16 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 	PointerGetDatum(aggregate_id)};
 	bool		isnull;
 	int			rc;
+
+	switch (take_seq_direct(aggregate_type, aggregate_id, seq))
+	{
+		case TAKE_DONE:
+			return true;
+		case TAKE_NO_ROW:
+			return false;
+		case TAKE_STATEMENT:
+			break;
+	}
 
 	if (counter_update_plan == NULL)
 	{

@@ -445,18 +445,18 @@ def threads(pid):
 
 
 def idle_cpu(pid, secs):
-    """CPU of pid over secs idle seconds, in ms, with the share of
-    librdkafka's threads and the busiest of them."""
-    hz = os.sysconf("SC_CLK_TCK")
-    cpu0, threads0 = cpu_ticks(pid), thread_ms(pid)
+    """CPU of pid over secs idle seconds, in ms (schedstat, all threads),
+    with the share of librdkafka's threads and the busiest of them."""
+    threads0 = thread_ms(pid)
     time.sleep(secs)
-    cpu1, threads1 = cpu_ticks(pid), thread_ms(pid)
-    # threads that ended meanwhile (a producer closed) count in the total only
+    threads1 = thread_ms(pid)
+    # the sum over the threads alive at both ends: none starts or ends
+    # while the producer stays open, or stays closed
     per = {n: threads1[n] - threads0.get(n, 0) for n in threads1}
     rdk = sum(v for n, v in per.items() if n.startswith("rdk:"))
     busiest = max((n for n in per if n.startswith("rdk:")), key=lambda n: per[n], default="none")
     mine = sum(v for n, v in per.items() if not n.startswith("rdk:"))
-    return ((cpu1 - cpu0) * 1000 / hz,
+    return (sum(per.values()),
             f"relay thread {mine:.0f} ms, librdkafka threads {rdk:.0f} ms"
             + (f" ({busiest} {per[busiest]:.0f} ms)" if rdk else ""))
 
@@ -490,7 +490,7 @@ def bench_idle(conn, brokers):
     row("idle", f"relay statements over {IDLE_SECS} s idle", fmt(calls[0]), "calls", "",
         f"{calls[1]} distinct; {polls:.0f} safety polls")
     row("idle", f"WAL written over {IDLE_SECS} s idle", fmt(wal1 - wal0), "bytes")
-    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer open", f"{cpu_open:.0f}", "ms",
+    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer open", f"{cpu_open:.1f}", "ms",
         "", f"outbox.kafka_idle_timeout = 0; the process: {note_open}")
 
     # the default: the producer is closed after outbox.kafka_idle_timeout
@@ -503,7 +503,7 @@ def bench_idle(conn, brokers):
         time.sleep(0.2)
     closed_after = time.time() - t0
     cpu_closed, note_closed = idle_cpu(pid, IDLE_SECS)
-    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer closed", f"{cpu_closed:.0f}", "ms",
+    row("idle", f"relay CPU over {IDLE_SECS} s idle, producer closed", f"{cpu_closed:.1f}", "ms",
         f"{cpu_closed / cpu_open:.2f}" if cpu_open else "",
         f"the default, outbox.kafka_idle_timeout = {timeout} (closed {closed_after:.0f} s after the reset, idle since the minute above began);"
         f" {note_closed}; ratio to producer open")
@@ -702,9 +702,9 @@ class Debezium:
         self.dir = tempfile.mkdtemp(prefix="outbox-debezium.")
         self.server, self.boot, self.pid = server, boot, None
 
-    def start(self):
+    def start(self, *props):
         out = subprocess.run([DBZ_TOOL, "start", self.dir, str(self.server.port), "bench", "dbz.outbox",
-                              self.boot], check=True, capture_output=True, text=True).stdout
+                              self.boot, *props], check=True, capture_output=True, text=True).stdout
         self.pid = int(out.split()[-1])
         return time.time()
 
@@ -796,7 +796,7 @@ def bench_debezium(server, conn):
         q(conn, DBZ_TABLE)
         tool("topics", boot, "3", *[f"outbox.event.{t}" for t in
              ("rdrain", "ddrain", "rtick", "dtick", "rkill", "dkill", "rheld", "dheld",
-              "dprobe", "daccount", "compat")])
+              "dprobe", "daccount", "compat", "compat2")])
         dbz_version = subprocess.run([DBZ_TOOL, "version"], check=True, capture_output=True,
                                      text=True).stdout.strip()
         print(f"  (Apache Kafka 3.9.1, 3 brokers: {boot}; Debezium Server {dbz_version})", flush=True)
@@ -915,11 +915,15 @@ def bench_debezium(server, conn):
         hz = os.sysconf("SC_CLK_TCK")
 
         def idle(pid):
+            """the JVM's CPU from stat (its threads come and go), the relay's
+            from schedstat (finer; its threads stay over each minute)"""
             q(conn, "CHECKPOINT")
-            lsn0, c0 = q1(conn, "SELECT pg_current_wal_lsn()"), cpu_ticks(pid)
+            lsn0, c0, t0 = q1(conn, "SELECT pg_current_wal_lsn()"), cpu_ticks(pid), thread_ms(pid)
             time.sleep(IDLE_SECS)
-            return ((cpu_ticks(pid) - c0) * 1000 / hz,
-                    q1(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", lsn0))
+            t1 = thread_ms(pid)
+            cpu = (sum(t1[n] - t0.get(n, 0) for n in t1) if pid != dbz.pid
+                   else (cpu_ticks(pid) - c0) * 1000 / hz)
+            return cpu, q1(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", lsn0)
         rpid = relay_pid(conn)
         r_cpu, r_wal = idle(rpid)
         q(conn, "ALTER SYSTEM RESET outbox.kafka_idle_timeout")
@@ -936,10 +940,10 @@ def bench_debezium(server, conn):
         set_conf(conn, "autovacuum", "on")
         row(S, f"Debezium CPU over {IDLE_SECS} s idle (the JVM)", f"{d_cpu:.0f}", "ms", "",
             f"WAL written meanwhile {d_wal:,.0f} bytes")
-        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer open", f"{r_cpu:.0f}", "ms",
+        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer open", f"{r_cpu:.1f}", "ms",
             f"{r_cpu / d_cpu:.3f}" if d_cpu else "",
             f"outbox.kafka_idle_timeout = 0; WAL written meanwhile {r_wal:,.0f} bytes")
-        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer closed", f"{rc_cpu:.0f}", "ms",
+        row(S, f"outbox vs Debezium: idle CPU ({IDLE_SECS} s), producer closed", f"{rc_cpu:.1f}", "ms",
             f"{rc_cpu / d_cpu:.3f}" if d_cpu else "",
             f"the default: closed after outbox.kafka_idle_timeout ({q1(conn, 'SHOW outbox.kafka_idle_timeout')});"
             f" WAL written meanwhile {rc_wal:,.0f} bytes")
@@ -1021,58 +1025,75 @@ def bench_debezium(server, conn):
             f"{r_rate / d_rate:.2f}", f"relay's own table (relay_progress) grew {prog / 1024:,.0f} kB; "
             "its events stay until outbox.retention, held or not")
 
-        # -- message compatibility: the same events through both
-        m = COMPAT_EVENTS
-        q(conn, f"""CREATE TABLE bench_compat AS
-                    SELECT gen_random_uuid() AS id, (g %% 500)::text AS agg,
-                           jsonb_build_object('n', g, 'price', g * 1.25, 'name', 'é ü "q" \\ ' || g,
-                                              'tags', jsonb_build_array('a', g %% 3, null, true),
-                                              'nested', jsonb_build_object('x', g %% 10, 'e', '{{}}'::jsonb))
-                             AS payload
-                      FROM generate_series(1, {m}) g""")
-        w = Watch(boot, "outbox.event.compat", 2 * m, 1800)
-        set_conf(conn, "outbox.enabled", "on")
-        q(conn, "SELECT count(outbox.emit('compat', agg, 'compat.e', payload, event_id => id)) FROM bench_compat")
-        w.wait_count(m, 600)
-        set_conf(conn, "outbox.enabled", "off")
-        q(conn, "INSERT INTO dbz.outbox SELECT id, 'compat', agg, 'compat.e', payload FROM bench_compat")
-        w.finish(1900)
-        out = subprocess.run([APACHE_TOOL, "client", "read", boot, "outbox.event.compat"], check=True,
-                             capture_output=True, text=True).stdout
-        per_part, msgs = {}, [json.loads(line) for line in out.splitlines()]
-        # per partition, the relay's messages come first
-        relay_ids = set(str(r[0]) for r in q(conn, "SELECT id FROM bench_compat"))
-        mine, other = {}, {}
-        for msg in msgs:
-            raw = dict(msg["headers"]).get("id")
-            if raw in relay_ids and len(dict(msg["headers"])) > 1:
-                mine[raw] = msg
-            else:
-                try:
-                    other[json.loads(raw)] = dict(msg, raw_id=raw)
-                except (TypeError, ValueError):
-                    other[raw] = dict(msg, raw_id=raw)
-        fields = {"key": 0, "partition": 0, "value": 0, "id header (JSON-decoded)": 0, "id header bytes": 0}
-        match = 0
-        for eid in relay_ids:
-            a, b = mine.get(eid), other.get(eid)
-            if a is None or b is None:
-                continue
-            ok = True
-            for f in ("key", "partition", "value"):
-                if a[f] != b[f]:
-                    fields[f] += 1
-                    ok = False
-            if dict(a["headers"])["id"] != b["raw_id"]:
-                fields["id header bytes"] += 1
-            match += ok
-        missing = m - len(set(mine) & set(other))
-        row(S, f"Debezium messages of the {m:,} events found", fmt(len(other)), "msgs", "",
-            f"the relay's {len(mine):,}; both on topic outbox.event.compat")
-        row(S, "outbox vs Debezium: message match (topic, key, partition, value, id)", f"{100 * match / m:.2f}",
-            "%", f"{match / m:.3f}", "mismatches: " + ", ".join(f"{k} {v}" for k, v in fields.items())
-            + f", missing {missing}")
-        q(conn, "DROP TABLE bench_compat")
+        # -- message compatibility: the same events through both, with
+        # Debezium's default header format (json), then with the setting
+        # that sends header values as they are
+        def compat(agg_type, label):
+            m = COMPAT_EVENTS
+            topic = f"outbox.event.{agg_type}"
+            q(conn, f"""CREATE TABLE bench_compat AS
+                        SELECT gen_random_uuid() AS id, (g %% 500)::text AS agg,
+                               jsonb_build_object('n', g, 'price', g * 1.25, 'name', 'é ü "q" \\ ' || g,
+                                                  'tags', jsonb_build_array('a', g %% 3, null, true),
+                                                  'nested', jsonb_build_object('x', g %% 10, 'e', '{{}}'::jsonb))
+                                 AS payload
+                          FROM generate_series(1, {m}) g""")
+            w = Watch(boot, topic, 2 * m, 1800)
+            set_conf(conn, "outbox.enabled", "on")
+            q(conn, "SELECT count(outbox.emit(%s, agg, 'compat.e', payload, event_id => id)) FROM bench_compat",
+              agg_type)
+            w.wait_count(m, 600)
+            set_conf(conn, "outbox.enabled", "off")
+            q(conn, "INSERT INTO dbz.outbox SELECT id, %s, agg, 'compat.e', payload FROM bench_compat", agg_type)
+            w.finish(1900)
+            out = subprocess.run([APACHE_TOOL, "client", "read", boot, topic], check=True,
+                                 capture_output=True, text=True).stdout
+            msgs = [json.loads(line) for line in out.splitlines()]
+            relay_ids = set(str(r[0]) for r in q(conn, "SELECT id FROM bench_compat"))
+            mine, other = {}, {}
+            for msg in msgs:
+                raw = dict(msg["headers"]).get("id")
+                if raw in relay_ids and len(dict(msg["headers"])) > 1:
+                    mine[raw] = msg
+                else:
+                    # json quotes the UUID; a bare one is not JSON at all
+                    try:
+                        eid = json.loads(raw)
+                    except (TypeError, ValueError):
+                        eid = raw
+                    other[eid if isinstance(eid, str) else raw] = dict(msg, raw_id=raw)
+            fields = {"key": 0, "partition": 0, "value": 0, "id header bytes": 0}
+            match = exact = 0
+            for eid in relay_ids:
+                a, b = mine.get(eid), other.get(eid)
+                if a is None or b is None:
+                    continue
+                ok = True
+                for f in ("key", "partition", "value"):
+                    if a[f] != b[f]:
+                        fields[f] += 1
+                        ok = False
+                same_bytes = dict(a["headers"])["id"] == b["raw_id"]
+                fields["id header bytes"] += not same_bytes
+                match += ok
+                exact += ok and same_bytes
+            missing = m - len(set(mine) & set(other))
+            row(S, f"Debezium messages of the {m:,} events found ({label})", fmt(len(other)), "msgs", "",
+                f"the relay's {len(mine):,}; both on topic {topic}")
+            row(S, f"outbox vs Debezium: message match, id decoded ({label})", f"{100 * match / m:.2f}",
+                "%", f"{match / m:.3f}", "topic, key, partition, value, id; mismatches: "
+                + ", ".join(f"{k} {v}" for k, v in fields.items()) + f", missing {missing}")
+            row(S, f"outbox vs Debezium: message match, id header bytes ({label})", f"{100 * exact / m:.2f}",
+                "%", f"{exact / m:.3f}", "the same, and the id header byte for byte")
+            q(conn, "DROP TABLE bench_compat")
+
+        compat("compat", "header format json, the default")
+        dbz.stop()
+        dbz.start("debezium.format.header=clientprovided",
+                  "debezium.format.header.class=org.apache.kafka.connect.storage.SimpleHeaderConverter")
+        dbz.wait_streaming(conn)
+        time.sleep(5)
+        compat("compat2", "header format clientprovided, SimpleHeaderConverter")
     finally:
         dbz.cleanup()
         subprocess.run([APACHE_TOOL, "down", kdir], capture_output=True)
