@@ -242,22 +242,23 @@ OutboxXactCompletionCount(void)
  * 16 made table_tuple_update()'s "update the indexes" answer an enum
  * (TU_None, TU_All, TU_Summarizing: a HOT update may still need its
  * summarizing indexes) where 15 had a bool; ExecInsertIndexTuples() then
- * takes onlySummarizing.  Its "update" flag only lets it tell an index
- * whose key the update left alone (a hint, from the range table's updated
- * columns, which a row updated without the executor has not): false.  18
- * gave index_beginscan() an instrumentation argument (NULL: none).
+ * takes onlySummarizing.  Its "update" flag asks each index whether the
+ * update left its key alone (a hint for btree's bottom-up deletion); with
+ * no range table the caller answers it first (IndexInfo's
+ * ii_CheckedUnchanged).  18 gave index_beginscan() an instrumentation
+ * argument (NULL: none).
  */
 #if PG_VERSION_NUM >= 160000
 typedef TU_UpdateIndexes OutboxUpdateIndexes;
 #define OutboxUpdateNeedsIndexes(u)	((u) != TU_None)
 #define OutboxUpdateIndexTuples(rri, slot, estate, u) \
-	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, \
+	ExecInsertIndexTuples((rri), (slot), (estate), true, false, NULL, NIL, \
 						  (u) == TU_Summarizing)
 #else
 typedef bool OutboxUpdateIndexes;
 #define OutboxUpdateNeedsIndexes(u)	(u)
 #define OutboxUpdateIndexTuples(rri, slot, estate, u) \
-	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
+	ExecInsertIndexTuples((rri), (slot), (estate), true, false, NULL, NIL)
 #endif
 #include "access/genam.h"
 #if PG_VERSION_NUM >= 180000

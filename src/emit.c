@@ -990,6 +990,8 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 		return TAKE_STATEMENT;
 	}
 	index = index_open(c.pk, RowExclusiveLock);
+	/* as the statement: a published table must be able to replicate it */
+	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 
 	/* what a statement of SPI's would see: this transaction's changes too */
 	CommandCounterIncrement();
@@ -1046,6 +1048,25 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 
 				InitResultRelInfo(rri, rel, 0, NULL, 0);
 				ExecOpenIndices(rri, false);
+
+				/*
+				 * Tell each index whether this update changed its key, as
+				 * the statement's updated columns would (only last_seq
+				 * changes): btree then removes the row's older duplicates
+				 * before it splits a page (bottom-up deletion).
+				 */
+				for (int i = 0; i < rri->ri_NumIndices; i++)
+				{
+					IndexInfo  *ii = rri->ri_IndexRelationInfo[i];
+					bool		unchanged = (ii->ii_Expressions == NIL &&
+											 ii->ii_Predicate == NIL);
+
+					for (int k = 0; k < ii->ii_NumIndexAttrs; k++)
+						if (ii->ii_IndexAttrNumbers[k] == c.att_seq)
+							unchanged = false;
+					ii->ii_CheckedUnchanged = true;
+					ii->ii_IndexUnchanged = unchanged;
+				}
 				list_free(OutboxUpdateIndexTuples(rri, new_slot, estate, update_indexes));
 				ExecCloseIndices(rri);
 				FreeExecutorState(estate);

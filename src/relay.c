@@ -478,8 +478,11 @@ step_read(Relay *r)
 
 	if (!outbox_enabled || outbox_kafka_brokers[0] == '\0')
 		return enter_paused(r);
-	/* closed for idleness, it is opened when there is something to send */
-	if (!r->producer_closed && !ensure_producer(r))
+	/*
+	 * Closed for idleness, it is opened when there is something to send,
+	 * or at once when outbox.kafka_idle_timeout became 0 (keep it open).
+	 */
+	if ((!r->producer_closed || outbox_kafka_idle_timeout <= 0) && !ensure_producer(r))
 		return enter_back_off(r, RELAY_STEP_READ);
 	if (OutboxSlotTakeReplayPending(r->slot))
 	{

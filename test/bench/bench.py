@@ -734,7 +734,11 @@ class Debezium:
     def cleanup(self):
         if self.pid:
             self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # OUTBOX_BENCH_KEEP=1 keeps Debezium's directory (its logs) for a look
+        if not os.environ.get("OUTBOX_BENCH_KEEP"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            print(f"  (Debezium's directory kept: {self.dir})", flush=True)
 
 
 def dbz_backlog(conn, n, agg_type):
@@ -1052,8 +1056,11 @@ def bench_debezium(server, conn):
             relay_ids = set(str(r[0]) for r in q(conn, "SELECT id FROM bench_compat"))
             mine, other = {}, {}
             for msg in msgs:
-                raw = dict(msg["headers"]).get("id")
-                if raw in relay_ids and len(dict(msg["headers"])) > 1:
+                headers = dict(msg["headers"])
+                raw = headers.get("id")
+                # the relay's carry event_type; Debezium's only the id, and
+                # with clientprovided its own __debezium.context.* headers
+                if raw in relay_ids and "event_type" in headers:
                     mine[raw] = msg
                 else:
                     # json quotes the UUID; a bare one is not JSON at all

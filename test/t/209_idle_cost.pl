@@ -105,11 +105,25 @@ $quiet = $node->safe_psql('postgres',
 wait_for_events($kafka, 'outbox.event.idle', [$quiet], 30);
 pass('the safety poll publishes a quiet row while the producer is closed');
 
-# 0 keeps it open
+# 0 keeps it open: set while it is closed, it opens it again at once
+$closed = 0;
+foreach (1 .. 100)
+{
+	last if ($closed = threads($pid) == 1);
+	usleep(100_000);
+}
+ok($closed, 'closed once more');
 $node->safe_psql('postgres',
 	"ALTER SYSTEM SET outbox.kafka_idle_timeout = 0; SELECT pg_reload_conf()");
+my $open = 0;
+foreach (1 .. 50)
+{
+	last if ($open = threads($pid) > 1);
+	usleep(100_000);
+}
+ok($open, 'outbox.kafka_idle_timeout = 0 by reload opens the closed producer');
 sleep 4;
-cmp_ok(threads($pid), '>', 1, 'outbox.kafka_idle_timeout = 0 keeps the producer open');
+cmp_ok(threads($pid), '>', 1, 'and keeps it open');
 
 $node->stop;
 $kafka->stop;
