@@ -248,6 +248,7 @@ OutboxXactCompletionCount(void)
  * ii_CheckedUnchanged).  18 gave index_beginscan() an instrumentation
  * argument (NULL: none).
  */
+#include "access/tableam.h"
 #if PG_VERSION_NUM >= 160000
 typedef TU_UpdateIndexes OutboxUpdateIndexes;
 #define OutboxUpdateNeedsIndexes(u)	((u) != TU_None)
