@@ -410,6 +410,7 @@ typedef struct OutboxBatch
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern int64 OutboxStoreAdoptRestored(bool force);
+extern char *OutboxStoreSnapshot(MemoryContext cxt);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								OutboxEvent **events, MemoryContext cxt,
@@ -421,7 +422,7 @@ extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
 extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
-extern int64 OutboxStoreCleanup(int max_events);
+extern int64 OutboxStoreCleanup(int max_events, TimestampTz *oldest);
 extern int64 OutboxStoreInboxCleanup(int max_rows);
 
 /* store_held.c: held partitions */

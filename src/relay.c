@@ -475,6 +475,7 @@ step_read(Relay *r)
 {
 	RelayPage  *pg;
 	uint64		completions;
+	FullTransactionId next_xid;
 
 	if (!outbox_enabled || outbox_kafka_brokers[0] == '\0')
 		return enter_paused(r);
@@ -521,12 +522,19 @@ step_read(Relay *r)
 
 	if (r->ahead == NULL && !r->batch_open && r->batch_seen_valid &&
 		r->batch_seen_completions == OutboxXactCompletionCount())
+	{
+		if (!FullTransactionIdEquals(r->batch_seen_next_xid, ReadNextFullTransactionId()) &&
+			r->batch.cur == NULL && r->batch.prev != NULL)
+			OutboxRelayPassStarted(r);
 		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
+	}
 	completions = OutboxXactCompletionCount();
+	next_xid = ReadNextFullTransactionId();
 	pg = r->ahead;
 	if (pg == NULL && OutboxRelayReadPage(r, &r->pages[0]))
 		pg = &r->pages[0];
 	r->batch_seen_completions = completions;
+	r->batch_seen_next_xid = next_xid;
 	r->batch_seen_valid = (pg == NULL);
 	if (pg == NULL)
 		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);

@@ -17,6 +17,8 @@
 #ifndef OUTBOX_RELAY_H
 #define OUTBOX_RELAY_H
 
+#include "access/transam.h"
+
 #include "outbox.h"
 
 /*
@@ -149,6 +151,15 @@ typedef struct Relay
 	bool		replays_due;
 	TimestampTz restore_waiting_since;	/* 0: no restored events wait */
 	TimestampTz next_cleanup;
+	/*
+	 * The oldest event the last cleanup saw (or the time it looked, if
+	 * older or when it saw none): no event is past the retention before
+	 * this is, but those of transactions open then, whose deletion may so
+	 * wait as long as they stayed open.  0: look at the next cleanup.
+	 * events_looked_at: when it last looked (it looks at least hourly).
+	 */
+	TimestampTz events_oldest;
+	TimestampTz events_looked_at;
 
 	/*
 	 * The cluster's transaction completion count (compat.h) read just
@@ -159,6 +170,15 @@ typedef struct Relay
 	 */
 	uint64		batch_seen_completions;
 	bool		batch_seen_valid;
+
+	/*
+	 * The next transaction id, read with batch_seen_completions.  When it
+	 * has moved but the completion count has not, transactions have begun
+	 * writing and none has ended: the poll moves the previous snapshot past
+	 * them (OutboxRelayPassStarted), so that the look after the next end
+	 * does not visit the rows they have written meanwhile.
+	 */
+	FullTransactionId batch_seen_next_xid;
 	uint64		replay_seen_completions;
 	bool		replay_seen_valid;
 } Relay;
@@ -202,6 +222,7 @@ extern void OutboxRelayBeginTxn(const char *activity);
 extern void OutboxRelayEndTxn(Relay *r);
 extern void OutboxRelayCheckExtension(Relay *r);
 extern bool OutboxRelayReadPage(Relay *r, RelayPage *pg);
+extern void OutboxRelayPassStarted(Relay *r);
 extern bool OutboxRelayReadReplays(Relay *r, RelayPage *pg);
 extern void OutboxRelayRecordPage(Relay *r, RelayPage *pg);
 extern void OutboxRelayAdoptRestored(Relay *r);

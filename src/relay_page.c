@@ -26,6 +26,7 @@
 
 #include "access/xact.h"
 #include "commands/dbcommands.h"
+#include "lib/stringinfo.h"
 #include "pgstat.h"
 #include "storage/ipc.h"
 #include "tcop/tcopprot.h"
@@ -33,9 +34,12 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "relay.h"
 
 #define RELAY_CLEANUP_INTERVAL_MS 60000
+/* the longest the cleanup leaves the events out while none can be due */
+#define RELAY_EVENTS_LOOK_MAX_MS 3600000
 #define RELAY_CLEANUP_BATCH		10000
 #define RELAY_RESTORE_WAIT_MS	60000	/* restored events wait for their
 										 * progress row at most */
@@ -200,6 +204,74 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	return true;
 }
 
+/* at most this many transactions begun since are passed by one poll */
+#define PASS_MAX_STARTED 1000
+
+/*
+ * OutboxRelayPassStarted
+ *		With no batch open, no page ahead and no transaction ended since the
+ *		last look found nothing, but transactions begun since: in memory,
+ *		the previous snapshot becomes the current one with every xid from
+ *		its xmax up to the next xid listed as in progress.  A snapshot's
+ *		xmax is one past the latest xid to end, so without the list those
+ *		transactions would be at or past prev's xmax, and the first look
+ *		after the next end elsewhere would walk every row they had written
+ *		by then (a bulk load in a quiet database: all of them) to find none
+ *		visible.  Nothing is passed over: none of them has ended, and the
+ *		snapshot sees what the last look's saw, as no transaction ended
+ *		between them.  One that ends while this looks leaves prev as it was,
+ *		for the next poll's look.  More than PASS_MAX_STARTED xids begun
+ *		(subtransactions have their own) are left to that look.
+ */
+void
+OutboxRelayPassStarted(Relay *r)
+{
+	OutboxBatch *batch = &r->batch;
+	FullTransactionId next_xid = ReadNextFullTransactionId();
+	uint64		next = U64FromFullTransactionId(next_xid);
+	uint64		xmin;
+	uint64		xmax;
+	char	   *snap;
+	char	   *p;
+	char	   *end;
+	StringInfoData buf;
+
+	Assert(!r->batch_open && batch->cur == NULL && batch->prev != NULL);
+	OutboxRelayBeginTxn("passing open transactions");
+	snap = OutboxStoreSnapshot(r->cxt);
+	OutboxRelayEndTxn(r);
+	if (OutboxXactCompletionCount() != r->batch_seen_completions)
+	{
+		pfree(snap);
+		return;
+	}
+	r->batch_seen_next_xid = next_xid;
+
+	/* "xmin:xmax:xip,..." as pg_snapshot's output writes it */
+	xmin = strtou64(snap, &p, 10);
+	if (*p != ':')
+		elog(ERROR, "unexpected snapshot \"%s\"", snap);
+	xmax = strtou64(p + 1, &end, 10);
+	if (*end != ':' || xmax < xmin)
+		elog(ERROR, "unexpected snapshot \"%s\"", snap);
+	if (next <= xmax || next - xmax > PASS_MAX_STARTED)
+	{
+		pfree(snap);
+		return;
+	}
+	initStringInfo(&buf);
+	appendStringInfo(&buf, UINT64_FORMAT ":" UINT64_FORMAT ":%s", xmin, next, end + 1);
+	for (uint64 x = xmax; x < next; x++)
+		appendStringInfo(&buf, "%s" UINT64_FORMAT,
+						 (x == xmax && end[1] == '\0') ? "" : ",", x);
+	pfree(snap);
+	pfree(batch->prev);
+	batch->prev = MemoryContextStrdup(r->cxt, buf.data);
+	pfree(buf.data);
+	elog(DEBUG1, "outbox relay: %d transactions begun and none ended since the last look: previous snapshot %s",
+		 (int) (next - xmax), batch->prev);
+}
+
 /*
  * OutboxRelayReadReplays
  *		Read a page of the replay queue into pg; false when it is empty.
@@ -331,14 +403,32 @@ OutboxRelayCleanup(Relay *r)
 	TimestampTz now = GetCurrentTimestamp();
 	int64		deleted;
 	int64		forgotten;
+	TimestampTz oldest = DT_NOEND;
+	bool		look;
 
 	if (now < r->next_cleanup)
 		return;
+
+	/*
+	 * The events' probe walks the id index from its start, past the rows
+	 * of every transaction still open there (a bulk load: all of its rows,
+	 * each one a heap visit): it is left out while its last answer says
+	 * nothing can be due, for up to an hour (rows made older meanwhile, by
+	 * a restore or by hand, are found then).
+	 */
+	look = r->events_oldest == 0 ||
+		now >= TimestampTzPlusMilliseconds(r->events_oldest, (int64) outbox_retention * 1000) ||
+		now >= TimestampTzPlusMilliseconds(r->events_looked_at, RELAY_EVENTS_LOOK_MAX_MS);
 	/* one transaction for both: an idle relay costs no more than before */
 	OutboxRelayBeginTxn("deleting events and inbox rows past retention");
-	deleted = OutboxStoreCleanup(RELAY_CLEANUP_BATCH);
+	deleted = look ? OutboxStoreCleanup(RELAY_CLEANUP_BATCH, &oldest) : 0;
 	forgotten = OutboxStoreInboxCleanup(RELAY_CLEANUP_BATCH);
 	OutboxRelayEndTxn(r);
+	if (look)
+	{
+		r->events_oldest = deleted > 0 ? 0 : Min(oldest, now);
+		r->events_looked_at = now;
+	}
 	r->next_cleanup =
 		deleted >= RELAY_CLEANUP_BATCH || forgotten >= RELAY_CLEANUP_BATCH ? now :
 		TimestampTzPlusMilliseconds(now, RELAY_CLEANUP_INTERVAL_MS);

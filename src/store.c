@@ -64,16 +64,19 @@
 	" WHERE pg_catalog.pg_visible_in_snapshot(x, $2)))"
 
 /*
- * The extent of a batch.  Run with plain index and sequential scans off:
- * the only path left is a bitmap scan of the txid index, which touches just
- * the batch.  Left to itself the planner may walk the id index from the
- * oldest retained event, since it cannot tell that "txid >= xmax" matches
- * only the newest rows.
+ * The extent of a batch.  Run with plain index and sequential scans off,
+ * and with the id condition written so that no index can take it: the only
+ * path left is a bitmap scan of the txid index, which touches just the
+ * batch.  Left to itself the planner may walk the id index from the oldest
+ * retained event, since it cannot tell that "txid >= xmax" matches only the
+ * newest rows; and a bitmap scan of the id index (its choice while the
+ * table is small) visits the rows of a transaction still open, however
+ * many, at every look.
  */
 #define BOUNDS_SQL(prev) \
 	"SELECT pg_catalog.min(e.id), pg_catalog.max(e.id), pg_catalog.count(*)" \
 	" FROM outbox.events e" \
-	" WHERE e.id OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
+	" WHERE (e.id OPERATOR(pg_catalog.+) 0) OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
 
 
 /* rows fetched from a page's cursor at a time: SPI holds no more at once */
@@ -273,6 +276,25 @@ OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 }
 
 /*
+ * OutboxStoreSnapshot
+ *		The current snapshot as text, in cxt: what a new batch's cur would
+ *		be.
+ */
+char *
+OutboxStoreSnapshot(MemoryContext cxt)
+{
+	HeapTuple	tup;
+	char	   *snap;
+
+	SPI_connect();
+	tup = OutboxStoreRow("SELECT pg_catalog.pg_current_snapshot()::text",
+						 "take a snapshot");
+	snap = getstr(tup, SPI_tuptable->tupdesc, 1, cxt);
+	SPI_finish();
+	return snap;
+}
+
+/*
  * OutboxStoreOpenBatch
  *		Find the extent of the batch: a new one (cur := current snapshot) if
  *		none is under way, else the rest of the resumed one.  Sets max_id and
@@ -290,14 +312,12 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	HeapTuple	tup;
 	TupleDesc	desc;
 
-	SPI_connect();
 	if (batch->cur == NULL)
 	{
-		tup = OutboxStoreRow("SELECT pg_catalog.pg_current_snapshot()::text",
-							 "take a snapshot");
-		batch->cur = getstr(tup, SPI_tuptable->tupdesc, 1, cxt);
+		batch->cur = OutboxStoreSnapshot(cxt);
 		batch->last_id = 0;
 	}
+	SPI_connect();
 
 	nestlevel = NewGUCNestLevel();
 	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,

@@ -28,6 +28,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "utils/timestamp.h"
 
 #include "outbox.h"
 #include "store.h"
@@ -115,15 +116,16 @@ OutboxStoreAdoptRestored(bool force)
 
 /*
  * cleanup_if_due
- *		Inside SPI: run probe_sql, which tells from one index probe, with
- *		$1 the retention in seconds, whether its oldest row is past it, and
- *		only then run_sql, with $1 = max, which returns how many rows it
- *		deleted.  An idle relay with nothing to delete so runs no cleanup
- *		query, only the probe, every minute.
+ *		Inside SPI: run probe_sql, which returns from one index probe the
+ *		time of its oldest row and, with $1 the retention in seconds,
+ *		whether that is past it; only then run run_sql, with $1 = max, which
+ *		returns how many rows it deleted.  An idle relay with nothing to
+ *		delete so runs no cleanup query, only the probe.  Into *oldest (when
+ *		not NULL) the oldest row's time, or DT_NOEND when the probe saw none.
  */
 static int64
 cleanup_if_due(const char *probe_sql, int retention, const char *run_sql,
-			   int max, const char *what)
+			   int max, const char *what, TimestampTz *oldest)
 {
 	Datum		values[1];
 	Oid			types[1] = {INT4OID};
@@ -134,8 +136,11 @@ cleanup_if_due(const char *probe_sql, int retention, const char *run_sql,
 	rc = SPI_execute_with_args(probe_sql, 1, types, values, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not look for expired %s: %s", what, SPI_result_code_string(rc));
+	if (oldest != NULL)
+		*oldest = SPI_processed == 0 ? DT_NOEND :
+			DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	if (SPI_processed == 0 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
 		return 0;
 	values[0] = Int32GetDatum(max);
 	rc = SPI_execute_with_args(run_sql, 1, types, values, NULL, false, 0);
@@ -149,10 +154,13 @@ cleanup_if_due(const char *probe_sql, int retention, const char *run_sql,
 /*
  * OutboxStoreCleanup
  *		Delete up to max_events published events older than the retention;
- *		returns how many went.
+ *		returns how many went.  Into *oldest the creation time of the oldest
+ *		event the probe saw, DT_NOEND when it saw none: until that is past
+ *		the retention there is nothing to delete but events of transactions
+ *		still open now.
  */
 int64
-OutboxStoreCleanup(int max_events)
+OutboxStoreCleanup(int max_events, TimestampTz *oldest)
 {
 	int64		deleted;
 
@@ -163,12 +171,12 @@ OutboxStoreCleanup(int max_events)
 	 * the retention there is nothing to delete, and one index probe saves
 	 * cleanup() a scan of the whole log.
 	 */
-	deleted = cleanup_if_due("SELECT e.created_at OPERATOR(pg_catalog.<)"
+	deleted = cleanup_if_due("SELECT e.created_at, e.created_at OPERATOR(pg_catalog.<)"
 							 " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
 							 " FROM outbox.events e ORDER BY e.id LIMIT 1",
 							 outbox_retention,
 							 "SELECT events FROM outbox.cleanup(false, $1)",
-							 max_events, "events");
+							 max_events, "events", oldest);
 	SPI_finish();
 	return deleted;
 }
@@ -190,12 +198,12 @@ OutboxStoreInboxCleanup(int max_rows)
 						 "look for the inbox");
 	/* a database before 1.3 on this library has no inbox */
 	if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
-		deleted = cleanup_if_due("SELECT i.consumed_at OPERATOR(pg_catalog.<)"
+		deleted = cleanup_if_due("SELECT i.consumed_at, i.consumed_at OPERATOR(pg_catalog.<)"
 								 " (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
 								 " FROM outbox.inbox i ORDER BY i.consumed_at LIMIT 1",
 								 outbox_inbox_retention,
 								 "SELECT outbox.inbox_cleanup($1)",
-								 max_rows, "inbox rows");
+								 max_rows, "inbox rows", NULL);
 	SPI_finish();
 	return deleted;
 }
