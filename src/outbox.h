@@ -405,6 +405,12 @@ typedef struct OutboxBatch
 	int64		last_id;
 	int64		max_id;
 	int64		remaining;
+	/*
+	 * The last OpenBatch() found nothing in a snapshot it took then, which
+	 * prev now is; false after a resumed batch's (taken before a restart)
+	 * or once prev is anything else.
+	 */
+	bool		fresh;
 } OutboxBatch;
 
 extern bool OutboxStoreExtensionPresent(void);

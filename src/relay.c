@@ -523,8 +523,7 @@ step_read(Relay *r)
 	if (r->ahead == NULL && !r->batch_open && r->batch_seen_valid &&
 		r->batch_seen_completions == OutboxXactCompletionCount())
 	{
-		if (!FullTransactionIdEquals(r->batch_seen_next_xid, ReadNextFullTransactionId()) &&
-			r->batch.cur == NULL && r->batch.prev != NULL)
+		if (!FullTransactionIdEquals(r->batch_seen_next_xid, ReadNextFullTransactionId()))
 			OutboxRelayPassStarted(r);
 		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
 	}
@@ -535,7 +534,8 @@ step_read(Relay *r)
 		pg = &r->pages[0];
 	r->batch_seen_completions = completions;
 	r->batch_seen_next_xid = next_xid;
-	r->batch_seen_valid = (pg == NULL);
+	/* a resumed batch's snapshot is older than completions: look again */
+	r->batch_seen_valid = (pg == NULL && r->batch.fresh);
 	if (pg == NULL)
 		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
 	r->ahead = NULL;

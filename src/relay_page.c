@@ -150,6 +150,7 @@ move_reader(Relay *r, RelayPage *pg, bool cut)
 	if (batch->prev != NULL)
 		pfree(batch->prev);
 	batch->prev = batch->cur;
+	batch->fresh = false;
 	batch->cur = NULL;
 	batch->last_id = 0;
 	r->batch_open = false;
@@ -204,24 +205,24 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	return true;
 }
 
-/* at most this many transactions begun since are passed by one poll */
-#define PASS_MAX_STARTED 1000
+/* the longest in-progress list a pass leaves prev with */
+#define PASS_MAX_XIP 1000
 
 /*
  * OutboxRelayPassStarted
- *		With no batch open, no page ahead and no transaction ended since the
- *		last look found nothing, but transactions begun since: in memory,
- *		the previous snapshot becomes the current one with every xid from
- *		its xmax up to the next xid listed as in progress.  A snapshot's
- *		xmax is one past the latest xid to end, so without the list those
- *		transactions would be at or past prev's xmax, and the first look
- *		after the next end elsewhere would walk every row they had written
- *		by then (a bulk load in a quiet database: all of them) to find none
- *		visible.  Nothing is passed over: none of them has ended, and the
- *		snapshot sees what the last look's saw, as no transaction ended
- *		between them.  One that ends while this looks leaves prev as it was,
- *		for the next poll's look.  More than PASS_MAX_STARTED xids begun
- *		(subtransactions have their own) are left to that look.
+ *		Called when no transaction has ended since the last look found
+ *		nothing (its snapshot is prev) but the next xid has moved: in
+ *		memory, prev's xmax moves to the next xid, and every xid from its
+ *		old xmax on joins its in-progress list.  A snapshot's xmax is one
+ *		past the latest xid to end, so transactions begun since were at or
+ *		past prev's xmax, and the first look after the next end elsewhere
+ *		would walk every row they had written by then (a bulk load in a
+ *		quiet database: all of them) to find none visible.  prev sees no
+ *		more than before: it only lists more transactions as in progress,
+ *		each looked up once it is visible in a later snapshot, so nothing is
+ *		passed over whatever ends meanwhile.  No transaction is opened.  A
+ *		list that would grow past PASS_MAX_XIP (subtransactions have xids of
+ *		their own) is left to the next look.
  */
 void
 OutboxRelayPassStarted(Relay *r)
@@ -231,40 +232,35 @@ OutboxRelayPassStarted(Relay *r)
 	uint64		next = U64FromFullTransactionId(next_xid);
 	uint64		xmin;
 	uint64		xmax;
-	char	   *snap;
 	char	   *p;
-	char	   *end;
+	char	   *xip;
+	int			listed = 0;
 	StringInfoData buf;
 
-	Assert(!r->batch_open && batch->cur == NULL && batch->prev != NULL);
-	OutboxRelayBeginTxn("passing open transactions");
-	snap = OutboxStoreSnapshot(r->cxt);
-	OutboxRelayEndTxn(r);
-	if (OutboxXactCompletionCount() != r->batch_seen_completions)
-	{
-		pfree(snap);
-		return;
-	}
+	Assert(!r->batch_open && batch->cur == NULL && batch->prev != NULL && batch->fresh);
 	r->batch_seen_next_xid = next_xid;
 
 	/* "xmin:xmax:xip,..." as pg_snapshot's output writes it */
-	xmin = strtou64(snap, &p, 10);
+	xmin = strtou64(batch->prev, &p, 10);
 	if (*p != ':')
-		elog(ERROR, "unexpected snapshot \"%s\"", snap);
-	xmax = strtou64(p + 1, &end, 10);
-	if (*end != ':' || xmax < xmin)
-		elog(ERROR, "unexpected snapshot \"%s\"", snap);
-	if (next <= xmax || next - xmax > PASS_MAX_STARTED)
+		elog(ERROR, "unexpected snapshot \"%s\"", batch->prev);
+	xmax = strtou64(p + 1, &xip, 10);
+	if (*xip != ':' || xmax < xmin)
+		elog(ERROR, "unexpected snapshot \"%s\"", batch->prev);
+	xip++;
+	if (*xip != '\0')
 	{
-		pfree(snap);
-		return;
+		listed = 1;
+		for (p = xip; *p; p++)
+			listed += (*p == ',');
 	}
+	if (next <= xmax || next - xmax + listed > PASS_MAX_XIP)
+		return;
+
 	initStringInfo(&buf);
-	appendStringInfo(&buf, UINT64_FORMAT ":" UINT64_FORMAT ":%s", xmin, next, end + 1);
+	appendStringInfo(&buf, UINT64_FORMAT ":" UINT64_FORMAT ":%s", xmin, next, xip);
 	for (uint64 x = xmax; x < next; x++)
-		appendStringInfo(&buf, "%s" UINT64_FORMAT,
-						 (x == xmax && end[1] == '\0') ? "" : ",", x);
-	pfree(snap);
+		appendStringInfo(&buf, "%s" UINT64_FORMAT, (x == xmax && listed == 0) ? "" : ",", x);
 	pfree(batch->prev);
 	batch->prev = MemoryContextStrdup(r->cxt, buf.data);
 	pfree(buf.data);

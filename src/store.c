@@ -65,18 +65,18 @@
 
 /*
  * The extent of a batch.  Run with plain index and sequential scans off,
- * and with the id condition written so that no index can take it: the only
- * path left is a bitmap scan of the txid index, which touches just the
- * batch.  Left to itself the planner may walk the id index from the oldest
+ * and, after the first batch, with the id condition written so that no
+ * index can take it: the only path left is a bitmap scan of the txid index,
+ * which touches just the batch.  Left to itself the planner may walk the id index from the oldest
  * retained event, since it cannot tell that "txid >= xmax" matches only the
  * newest rows; and a bitmap scan of the id index (its choice while the
  * table is small) visits the rows of a transaction still open, however
  * many, at every look.
  */
-#define BOUNDS_SQL(prev) \
+#define BOUNDS_SQL(id, prev) \
 	"SELECT pg_catalog.min(e.id), pg_catalog.max(e.id), pg_catalog.count(*)" \
 	" FROM outbox.events e" \
-	" WHERE (e.id OPERATOR(pg_catalog.+) 0) OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
+	" WHERE " id " OPERATOR(pg_catalog.>) $1 AND" BATCH_OF(prev)
 
 
 /* rows fetched from a page's cursor at a time: SPI holds no more at once */
@@ -98,8 +98,9 @@ enum
 };
 
 static const char *const query_text[Q_COUNT] = {
-	BOUNDS_SQL("true"),
-	BOUNDS_SQL(AFTER_PREV),
+	/* the first batch (no prev) has no txid bound: the id index it is */
+	BOUNDS_SQL("e.id", "true"),
+	BOUNDS_SQL("(e.id OPERATOR(pg_catalog.+) 0)", AFTER_PREV),
 	PAGE_SQL("true"),
 	PAGE_SQL(AFTER_PREV),
 };
@@ -269,6 +270,7 @@ OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 						 "read relay progress");
 	desc = SPI_tuptable->tupdesc;
 	batch->prev = getstr(tup, desc, 1, cxt);
+	batch->fresh = false;
 	batch->cur = getstr(tup, desc, 2, cxt);
 	d = SPI_getbinval(tup, desc, 3, &isnull);
 	batch->last_id = isnull ? 0 : DatumGetInt64(d);
@@ -311,8 +313,10 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	int			nestlevel;
 	HeapTuple	tup;
 	TupleDesc	desc;
+	bool		fresh = (batch->cur == NULL);
 
-	if (batch->cur == NULL)
+	batch->fresh = false;
+	if (fresh)
 	{
 		batch->cur = OutboxStoreSnapshot(cxt);
 		batch->last_id = 0;
@@ -350,6 +354,7 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 			if (batch->prev != NULL)
 				pfree(batch->prev);
 			batch->prev = batch->cur;
+			batch->fresh = fresh;
 		}
 		else
 			pfree(batch->cur);

@@ -39,7 +39,8 @@ $node->safe_psql('postgres', 'DELETE FROM outbox.events');
 
 # what the relay has read of outbox.events: index scans, index tuples read
 # and heap blocks visited (a walk over the open transaction's rows shows in
-# the tuples by an index, in the blocks by any path).  The relay's
+# the tuples by an index, in the blocks by any path); and the scans of
+# outbox.inbox, which only the cleanup's inbox probe reads here.  The relay's
 # statistics reach the shared ones at the end of one of its transactions,
 # at most once a second: commit elsewhere (which makes it look) until its
 # index scans show more than scans
@@ -49,7 +50,8 @@ sub read_stats
 	  $node->safe_psql('postgres',
 		"SELECT (SELECT sum(idx_scan) FROM pg_stat_user_indexes WHERE relid = 'outbox.events'::regclass),"
 		  . " (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relid = 'outbox.events'::regclass),"
-		  . " (SELECT heap_blks_read + heap_blks_hit FROM pg_statio_user_tables WHERE relid = 'outbox.events'::regclass)"
+		  . " (SELECT heap_blks_read + heap_blks_hit FROM pg_statio_user_tables WHERE relid = 'outbox.events'::regclass),"
+		  . " (SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relid = 'outbox.inbox'::regclass)"
 	  );
 }
 
@@ -110,6 +112,7 @@ no_walk(\@st0, \@st1, $blocks, "its looks did not walk the open transaction's ro
 my $wait = $relay_started + 63 - time();
 sleep($wait) if $wait > 0;
 my @st2 = flushed_after($st1[0]);
+cmp_ok($st2[3], '>', $st1[3], "a cleanup ran meanwhile (outbox.inbox scans $st1[3] -> $st2[3])");
 no_walk(\@st1, \@st2, $blocks, 'the cleanup a minute on did not walk them either');
 
 # the open transaction commits: every one of its events is published
