@@ -48,8 +48,10 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "commands/sequence.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -60,10 +62,13 @@
 #include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/datetime.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
@@ -673,6 +678,45 @@ default_calls(Relation rel, AttrNumber attnum, Oid funcid)
 }
 
 /*
+ * plain_indexes
+ *		Whether every index of rel is a valid btree on plain columns with
+ *		their types' default operator classes: no expression, predicate or
+ *		exclusion.  The direct paths write index entries without emit()'s
+ *		search_path pinned (outbox_emit), so nothing there may call a
+ *		function a caller's search_path could reach.
+ */
+static bool
+plain_indexes(Relation rel)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+	bool		plain = true;
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index ind = index->rd_index;
+
+		plain = index->rd_rel->relam == BTREE_AM_OID &&
+			ind->indisvalid && ind->indisready && !ind->indisexclusion &&
+			heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) &&
+			heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL);
+		for (int k = 0; plain && k < ind->indnkeyatts; k++)
+		{
+			Oid			opclass = GetDefaultOpClass(index->rd_opcintype[k], BTREE_AM_OID);
+
+			plain = ind->indkey.values[k] != 0 && OidIsValid(opclass) &&
+				get_opclass_family(opclass) == index->rd_opfamily[k];
+		}
+		index_close(index, AccessShareLock);
+		if (!plain)
+			break;
+	}
+	list_free(indexes);
+	return plain;
+}
+
+/*
  * direct_table_check
  *		Into t: whether rel is the table the direct insert knows, and where
  *		its columns are; NULL, or why not.
@@ -724,6 +768,8 @@ direct_table_check(Relation rel, DirectTable *t)
 	for (int c = 0; c < EVENT_COLUMN_COUNT; c++)
 		if (t->attnum[c] == InvalidAttrNumber)
 			return "a column is missing";
+	if (!plain_indexes(rel))
+		return "an index is not a plain btree on columns";
 	def = build_column_default(rel, t->attnum[COL_ID]);
 	if (def == NULL || !IsA(def, NextValueExpr))
 		return "id is not an identity column";
@@ -817,6 +863,28 @@ insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 }
 
 /*
+ * The statements emit() may run (the fallbacks of its direct paths, and
+ * the upsert of an aggregate's first counter row) run with search_path
+ * pinned to pg_catalog, pg_temp, set at the first of them in a call and
+ * reset when the call returns (or by the abort of an error): emit() itself
+ * is not SECURITY DEFINER with a SET clause, whose setting and resetting of
+ * search_path at every call cost more than the rest of a direct call's
+ * bookkeeping.  Its direct paths resolve no name.
+ */
+static int	emit_guc_level = 0;
+
+void
+OutboxEmitPinSearchPath(void)
+{
+	if (emit_guc_level > 0)
+		return;
+	emit_guc_level = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+}
+
+/*
  * insert_row
  *		The event row of values/nulls, directly or, when the table is not
  *		the one the direct insert knows, by the INSERT statement.
@@ -837,6 +905,7 @@ insert_row(Datum *values, char *nulls)
 	}
 	table_close(rel, NoLock);
 
+	OutboxEmitPinSearchPath();
 	if (event_insert_plan == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
@@ -919,6 +988,8 @@ counter_table_check(Relation rel, CounterTable *c)
 	index_close(index, AccessShareLock);
 	if (!key_ok)
 		return "its primary key is not emit()'s";
+	if (!plain_indexes(rel))
+		return "an index is not a plain btree on columns";
 	return NULL;
 }
 
@@ -1111,6 +1182,7 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 			break;
 	}
 
+	OutboxEmitPinSearchPath();
 	if (counter_update_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
@@ -1193,22 +1265,56 @@ insert_event(EmitRow *row)
 }
 
 /*
+ * emit_owner
+ *		The owner of the function being called, looked up once per call
+ *		site (flinfo->fn_extra lives as long as the expression).
+ */
+static Oid
+emit_owner(FunctionCallInfo fcinfo)
+{
+	FmgrInfo   *flinfo = fcinfo->flinfo;
+	HeapTuple	tup;
+	Oid			owner;
+
+	if (flinfo->fn_extra != NULL)
+		return *(Oid *) flinfo->fn_extra;
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(flinfo->fn_oid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u", flinfo->fn_oid);
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	ReleaseSysCache(tup);
+	flinfo->fn_extra = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(Oid));
+	*(Oid *) flinfo->fn_extra = owner;
+	return owner;
+}
+
+/*
  * outbox_emit
  *		SQL outbox.emit(aggregate_type, aggregate_id, event_type, payload,
  *		headers, topic, key, event_id, schema_version, occurred_at).
  *
- * Returns the event id.  Runs as the extension owner (SECURITY DEFINER) so
- * that callers need EXECUTE on this function and nothing on the tables.
- * Validate, resolve the topic, insert: in that order, which is the order of
- * the errors a user sees.
+ * Returns the event id.  Runs as the function's owner, the extension's,
+ * so that callers need EXECUTE on it and nothing on the tables: it switches
+ * to the owner itself, as SECURITY DEFINER would (through 1.6 it was), and
+ * pins search_path only for the statements it runs
+ * (OutboxEmitPinSearchPath).  An error leaves both to the abort of the
+ * (sub)transaction.  Validate, resolve the topic, insert: in that order,
+ * which is the order of the errors a user sees.
  */
 Datum
 outbox_emit(PG_FUNCTION_ARGS)
 {
 	EmitRow		row;
+	Oid			save_userid;
+	int			save_sec_context;
 
 	PreventCommandIfReadOnly("outbox.emit()");
 	PreventCommandDuringRecovery("outbox.emit()");
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(emit_owner(fcinfo),
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	emit_guc_level = 0;
 
 	memset(&row, 0, sizeof(row));
 	check_content(fcinfo, &row);
@@ -1219,6 +1325,10 @@ outbox_emit(PG_FUNCTION_ARGS)
 	check_envelope(fcinfo, &row);
 	insert_event(&row);
 
+	if (emit_guc_level > 0)
+		AtEOXact_GUC(true, emit_guc_level);
+	emit_guc_level = 0;
+	SetUserIdAndSecContext(save_userid, save_sec_context);
 	PG_RETURN_UUID_P(row.event_id);
 }
 

@@ -145,6 +145,7 @@ extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
 extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 								int64 seq);
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
+extern void OutboxEmitPinSearchPath(void);
 
 /* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState

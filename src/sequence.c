@@ -296,6 +296,7 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	bool		isnull;
 	int64		seq;
 
+	OutboxEmitPinSearchPath();
 	if (create_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};

@@ -38,7 +38,10 @@ for my $i (1 .. $#versions)
 }
 
 my $kafka = OutboxTest::Broker->start(brokers => 1);
-my $node = outbox_node('upgrade', $kafka);
+# a relay per database: one per released version upgraded at once and one
+# per version upgraded step by step, plus the fresh and the grants' ones
+my $node = outbox_node('upgrade', $kafka,
+	conf => "max_worker_processes = 40\noutbox.max_databases = 32");
 
 # What a user of the extension's objects can observe, one line per fact:
 # functions with their attributes, settings and grants; tables, columns,

@@ -1,5 +1,6 @@
 # test/t/008_search_path_attack.pl: the extension's SECURITY DEFINER
-# functions cannot be turned against it through the caller's search_path,
+# functions, and emit(), which switches to its owner itself, cannot be
+# turned against it through the caller's search_path,
 # and CREATE EXTENSION does not adopt a schema somebody prepared.
 #
 # The attack: a role with the README's grants and CREATE on a schema of its
@@ -127,6 +128,13 @@ my @calls = (
 		'writer', 'outbox.emit()',
 		"SELECT outbox.emit('order', 'o-1', 'order.confirmed', '{\"total\": 1}') IS NOT NULL"
 	],
+	# the aggregate's counter row exists now: the direct update, then the
+	# transaction's own count
+	[
+		'writer', 'outbox.emit() twice in a transaction',
+		"BEGIN; SELECT outbox.emit('order', 'o-1', 'order.shipped', '{}') IS NOT NULL;"
+		  . " SELECT outbox.emit('order', 'o-1', 'order.delivered', '{}') IS NOT NULL; COMMIT"
+	],
 	[ 'consumer', 'outbox.consume_once()', "SELECT outbox.consume_once('billing', gen_random_uuid())" ],
 	[
 		'subscriber', 'outbox.subscribe()',
@@ -148,6 +156,57 @@ for my $call (@calls)
 	# put things back for the next call if the attack worked
 	$node->safe_psql('shop', "ALTER ROLE $role NOSUPERUSER");
 }
+
+# emit() is not SECURITY DEFINER: it runs as its owner by itself, and pins
+# search_path only for the statements it runs.  A superuser's index whose
+# expression calls a function that resolves an operator through the
+# search_path sends emit() to those statements, and the trap must not run
+# there either; nor in the statements a trigger sends it to
+$node->safe_psql(
+	'shop', q{
+CREATE FUNCTION public.is_x(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT t = 'x' $$;
+CREATE INDEX events_is_x ON outbox.events (public.is_x(aggregate_id));
+CREATE INDEX aggregates_is_x ON outbox.aggregates (public.is_x(aggregate_id));
+});
+for my $agg ('o-2', 'o-2', 'o-3')
+{
+	my ($ret, $out, $err) = $node->psql(
+		'shop',
+		"SET search_path = trap_writer, pg_catalog, public;"
+		  . " SELECT outbox.emit('order', '$agg', 'order.confirmed', '{}') IS NOT NULL",
+		extra_params => [ '-U', 'writer' ]);
+	is($ret, 0, "writer emits for $agg past an expression index, hostile search_path") or diag($err);
+	unlike($err, qr/ran as superuser/, "no operator of writer's ran in the index expression ($agg)");
+	is(is_superuser('writer'), 'f', "writer is still not a superuser ($agg)");
+	$node->safe_psql('shop', "ALTER ROLE writer NOSUPERUSER");
+}
+$node->safe_psql(
+	'shop', q{
+DROP INDEX outbox.events_is_x, outbox.aggregates_is_x;
+CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+CREATE TRIGGER noop BEFORE INSERT ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.noop();
+CREATE TRIGGER noop BEFORE UPDATE ON outbox.aggregates FOR EACH ROW EXECUTE FUNCTION public.noop();
+});
+for my $agg ('o-4', 'o-4')
+{
+	my ($ret, $out, $err) = $node->psql(
+		'shop',
+		"SET search_path = trap_writer, pg_catalog, public;"
+		  . " SELECT outbox.emit('order', '$agg', 'order.confirmed', '{}') IS NOT NULL",
+		extra_params => [ '-U', 'writer' ]);
+	is($ret, 0, "writer emits for $agg through the statements a trigger sends emit() to") or diag($err);
+	unlike($err, qr/ran as superuser/, "no operator of writer's ran in those statements ($agg)");
+	is(is_superuser('writer'), 'f', "writer is still not a superuser ($agg)");
+	$node->safe_psql('shop', "ALTER ROLE writer NOSUPERUSER");
+}
+$node->safe_psql('shop',
+	'DROP TRIGGER noop ON outbox.events; DROP TRIGGER noop ON outbox.aggregates; DROP FUNCTION public.noop()');
+is( $node->safe_psql(
+		'shop',
+		"SELECT string_agg(aggregate_id || ':' || seq, ',' ORDER BY id) FROM outbox.events WHERE aggregate_id IN ('o-2', 'o-3', 'o-4')"
+	),
+	'o-2:1,o-2:2,o-3:1,o-4:1,o-4:2',
+	'and every one of those events is written, numbered');
 
 # the pinned setting is there for every SECURITY DEFINER function
 is( $node->safe_psql(
