@@ -864,24 +864,31 @@ insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 
 /*
  * The statements emit() may run (the fallbacks of its direct paths, and
- * the upsert of an aggregate's first counter row) run with search_path
- * pinned to pg_catalog, pg_temp, set at the first of them in a call and
- * reset when the call returns (or by the abort of an error): emit() itself
- * is not SECURITY DEFINER with a SET clause, whose setting and resetting of
- * search_path at every call cost more than the rest of a direct call's
- * bookkeeping.  Its direct paths resolve no name.
+ * the upsert of an aggregate's first counter row) each run with
+ * search_path pinned to pg_catalog, pg_temp: OutboxEmitPinSearchPath()
+ * before preparing and running one, OutboxEmitUnpin() with its result
+ * after (an error leaves that to the (sub)transaction's abort).  emit()
+ * itself is not SECURITY DEFINER with a SET clause, whose setting and
+ * resetting of search_path at every call cost more than the rest of a
+ * direct call's bookkeeping; its direct paths resolve no name.  Per
+ * statement, not per call: an emit() inside a trigger its own INSERT fires
+ * nests its levels inside.
  */
-static int	emit_guc_level = 0;
-
-void
+int
 OutboxEmitPinSearchPath(void)
 {
-	if (emit_guc_level > 0)
-		return;
-	emit_guc_level = NewGUCNestLevel();
+	int			level = NewGUCNestLevel();
+
 	(void) set_config_option("search_path", "pg_catalog, pg_temp",
 							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
 							 true, 0, false);
+	return level;
+}
+
+void
+OutboxEmitUnpin(int level)
+{
+	AtEOXact_GUC(true, level);
 }
 
 /*
@@ -895,6 +902,7 @@ insert_row(Datum *values, char *nulls)
 	Relation	rel;
 	DirectTable t;
 	int			rc;
+	int			level;
 
 	rel = table_openrv(makeRangeVar("outbox", "events", -1), RowExclusiveLock);
 	if (direct_table(rel, &t))
@@ -905,7 +913,7 @@ insert_row(Datum *values, char *nulls)
 	}
 	table_close(rel, NoLock);
 
-	OutboxEmitPinSearchPath();
+	level = OutboxEmitPinSearchPath();
 	if (event_insert_plan == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
@@ -919,6 +927,7 @@ insert_row(Datum *values, char *nulls)
 	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	OutboxEmitUnpin(level);
 }
 
 /* whether index is a btree on exactly (att_type, att_id), text, "C" */
@@ -1171,6 +1180,7 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 	PointerGetDatum(aggregate_id)};
 	bool		isnull;
 	int			rc;
+	int			level;
 
 	switch (take_seq_direct(aggregate_type, aggregate_id, seq))
 	{
@@ -1182,7 +1192,7 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 			break;
 	}
 
-	OutboxEmitPinSearchPath();
+	level = OutboxEmitPinSearchPath();
 	if (counter_update_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
@@ -1194,6 +1204,7 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 	if (rc != SPI_OK_UPDATE_RETURNING || SPI_processed > 1)
 		elog(ERROR, "outbox counter update returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	OutboxEmitUnpin(level);
 	if (SPI_processed == 0)
 		return false;
 	*seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -1297,8 +1308,8 @@ emit_owner(FunctionCallInfo fcinfo)
  * so that callers need EXECUTE on it and nothing on the tables: it switches
  * to the owner itself, as SECURITY DEFINER would (through 1.6 it was), and
  * pins search_path only for the statements it runs
- * (OutboxEmitPinSearchPath).  An error leaves both to the abort of the
- * (sub)transaction.  Validate, resolve the topic, insert: in that order,
+ * (OutboxEmitPinSearchPath).  An error leaves the user to the abort of the
+ * (sub)transaction, as fmgr_security_definer() does.  Validate, resolve the topic, insert: in that order,
  * which is the order of the errors a user sees.
  */
 Datum
@@ -1314,7 +1325,6 @@ outbox_emit(PG_FUNCTION_ARGS)
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(emit_owner(fcinfo),
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	emit_guc_level = 0;
 
 	memset(&row, 0, sizeof(row));
 	check_content(fcinfo, &row);
@@ -1325,9 +1335,6 @@ outbox_emit(PG_FUNCTION_ARGS)
 	check_envelope(fcinfo, &row);
 	insert_event(&row);
 
-	if (emit_guc_level > 0)
-		AtEOXact_GUC(true, emit_guc_level);
-	emit_guc_level = 0;
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	PG_RETURN_UUID_P(row.event_id);
 }

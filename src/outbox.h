@@ -145,7 +145,8 @@ extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
 extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 								int64 seq);
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
-extern void OutboxEmitPinSearchPath(void);
+extern int	OutboxEmitPinSearchPath(void);
+extern void OutboxEmitUnpin(int level);
 
 /* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState

@@ -295,8 +295,9 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	int			rc;
 	bool		isnull;
 	int64		seq;
+	int			level;
 
-	OutboxEmitPinSearchPath();
+	level = OutboxEmitPinSearchPath();
 	if (create_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
@@ -310,6 +311,7 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox counter upsert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
+	OutboxEmitUnpin(level);
 	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &isnull));
 	OutboxSequenceEnter(aggregate_type, aggregate_id, seq);
@@ -375,6 +377,7 @@ seq_flush(void)
 	Oid			save_userid;
 	int			save_sec_context;
 	bool		connected = false;
+	int			level = 0;
 
 	if (seq_table == NULL)
 		return;
@@ -392,6 +395,7 @@ seq_flush(void)
 			SetUserIdAndSecContext(seq_owner, save_sec_context |
 								   SECURITY_LOCAL_USERID_CHANGE |
 								   SECURITY_RESTRICTED_OPERATION);
+			level = OutboxEmitPinSearchPath();
 			/* portals are closed by now: the update needs its own snapshot */
 			PushActiveSnapshot(GetTransactionSnapshot());
 			if (SPI_connect() != SPI_OK_CONNECT)
@@ -413,6 +417,7 @@ seq_flush(void)
 	{
 		SPI_finish();
 		PopActiveSnapshot();
+		OutboxEmitUnpin(level);
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
 }

@@ -199,13 +199,43 @@ for my $agg ('o-4', 'o-4')
 	is(is_superuser('writer'), 'f', "writer is still not a superuser ($agg)");
 	$node->safe_psql('shop', "ALTER ROLE writer NOSUPERUSER");
 }
+# an emit() inside a trigger that emit()'s own INSERT fires: the inner
+# call's pinned search_path is its own, and the caller's is back after both
+$node->safe_psql(
+	'shop', q{
+CREATE FUNCTION public.echo() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.event_type = 'order.nested' THEN
+		PERFORM outbox.emit('echo', NEW.aggregate_id, 'echo.of', '{}');
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER echo AFTER INSERT ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.echo();
+});
+{
+	my ($ret, $out, $err) = $node->psql(
+		'shop',
+		"SET search_path = trap_writer, pg_catalog, public;"
+		  . " BEGIN; SELECT outbox.emit('order', 'o-5', 'order.nested', '{}') IS NOT NULL;"
+		  . " SHOW search_path; COMMIT",
+		extra_params => [ '-U', 'writer' ]);
+	is($ret, 0, 'writer emits through a trigger that emits in turn') or diag($err);
+	is((split /\n/, $out)[-1], 'trap_writer, pg_catalog, public',
+		"and the caller's search_path is its own again after both calls, in the same transaction");
+	unlike($err, qr/ran as superuser/, "no operator of writer's ran in the nested calls");
+	is(is_superuser('writer'), 'f', 'writer is still not a superuser (nested)');
+	$node->safe_psql('shop', "ALTER ROLE writer NOSUPERUSER");
+}
+is($node->safe_psql('shop', "SELECT count(*) FROM outbox.events WHERE aggregate_type = 'echo' AND aggregate_id = 'o-5'"),
+	'1', 'the trigger\'s own event is written');
 $node->safe_psql('shop',
-	'DROP TRIGGER noop ON outbox.events; DROP TRIGGER noop ON outbox.aggregates; DROP FUNCTION public.noop()');
+	'DROP TRIGGER noop ON outbox.events; DROP TRIGGER noop ON outbox.aggregates; DROP FUNCTION public.noop();'
+	  . ' DROP TRIGGER echo ON outbox.events; DROP FUNCTION public.echo()');
 is( $node->safe_psql(
 		'shop',
-		"SELECT string_agg(aggregate_id || ':' || seq, ',' ORDER BY id) FROM outbox.events WHERE aggregate_id IN ('o-2', 'o-3', 'o-4')"
+		"SELECT string_agg(aggregate_id || ':' || seq, ',' ORDER BY id) FROM outbox.events WHERE aggregate_type = 'order' AND aggregate_id IN ('o-2', 'o-3', 'o-4', 'o-5')"
 	),
-	'o-2:1,o-2:2,o-3:1,o-4:1,o-4:2',
+	'o-2:1,o-2:2,o-3:1,o-4:1,o-4:2,o-5:1',
 	'and every one of those events is written, numbered');
 
 # the pinned setting is there for every SECURITY DEFINER function
