@@ -1309,8 +1309,9 @@ emit_owner(FunctionCallInfo fcinfo)
  * to the owner itself, as SECURITY DEFINER would (through 1.6 it was), and
  * pins search_path only for the statements it runs
  * (OutboxEmitPinSearchPath).  An error leaves the user to the abort of the
- * (sub)transaction, as fmgr_security_definer() does.  Validate, resolve the topic, insert: in that order,
- * which is the order of the errors a user sees.
+ * (sub)transaction, as fmgr_security_definer() does.  Validate, resolve
+ * the topic, insert: in that order, which is the order of the errors a
+ * user sees.
  */
 Datum
 outbox_emit(PG_FUNCTION_ARGS)

@@ -66,12 +66,12 @@
 /*
  * The extent of a batch.  Run with plain index and sequential scans off,
  * and, after the first batch, with the id condition written so that no
- * index can take it: the only path left is a bitmap scan of the txid index,
- * which touches just the batch.  Left to itself the planner may walk the id index from the oldest
- * retained event, since it cannot tell that "txid >= xmax" matches only the
- * newest rows; and a bitmap scan of the id index (its choice while the
- * table is small) visits the rows of a transaction still open, however
- * many, at every look.
+ * index can take it: the only path left is a bitmap scan of the txid
+ * index, which touches just the batch.  Left to itself the planner may
+ * walk the id index from the oldest retained event, since it cannot tell
+ * that "txid >= xmax" matches only the newest rows; and a bitmap scan of
+ * the id index (its choice while the table is small) visits the rows of a
+ * transaction still open, however many, at every look.
  */
 #define BOUNDS_SQL(id, prev) \
 	"SELECT pg_catalog.min(e.id), pg_catalog.max(e.id), pg_catalog.count(*)" \
