@@ -418,7 +418,6 @@ typedef struct OutboxBatch
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern int64 OutboxStoreAdoptRestored(bool force);
-extern char *OutboxStoreSnapshot(MemoryContext cxt);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								OutboxEvent **events, MemoryContext cxt,

@@ -523,8 +523,9 @@ step_read(Relay *r)
 	if (r->ahead == NULL && !r->batch_open && r->batch_seen_valid &&
 		r->batch_seen_completions == OutboxXactCompletionCount())
 	{
-		if (!FullTransactionIdEquals(r->batch_seen_next_xid, ReadNextFullTransactionId()))
-			OutboxRelayPassStarted(r);
+		next_xid = ReadNextFullTransactionId();
+		if (!FullTransactionIdEquals(r->batch_seen_next_xid, next_xid))
+			OutboxRelayPassStarted(r, next_xid);
 		return OutboxRelayTakeDrain(r) ? RELAY_STEP_SEND : enter_idle(r);
 	}
 	completions = OutboxXactCompletionCount();

@@ -222,7 +222,7 @@ extern void OutboxRelayBeginTxn(const char *activity);
 extern void OutboxRelayEndTxn(Relay *r);
 extern void OutboxRelayCheckExtension(Relay *r);
 extern bool OutboxRelayReadPage(Relay *r, RelayPage *pg);
-extern void OutboxRelayPassStarted(Relay *r);
+extern void OutboxRelayPassStarted(Relay *r, FullTransactionId next_xid);
 extern bool OutboxRelayReadReplays(Relay *r, RelayPage *pg);
 extern void OutboxRelayRecordPage(Relay *r, RelayPage *pg);
 extern void OutboxRelayAdoptRestored(Relay *r);

@@ -34,7 +34,6 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "compat.h"
 #include "relay.h"
 
 #define RELAY_CLEANUP_INTERVAL_MS 60000
@@ -211,7 +210,8 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 /*
  * OutboxRelayPassStarted
  *		Called when no transaction has ended since the last look found
- *		nothing (its snapshot is prev) but the next xid has moved: in
+ *		nothing (its snapshot is prev) but the next xid has moved to
+ *		next_xid: in
  *		memory, prev's xmax moves to the next xid, and every xid from its
  *		old xmax on joins its in-progress list.  A snapshot's xmax is one
  *		past the latest xid to end, so transactions begun since were at or
@@ -225,10 +225,9 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
  *		their own) is left to the next look.
  */
 void
-OutboxRelayPassStarted(Relay *r)
+OutboxRelayPassStarted(Relay *r, FullTransactionId next_xid)
 {
 	OutboxBatch *batch = &r->batch;
-	FullTransactionId next_xid = ReadNextFullTransactionId();
 	uint64		next = U64FromFullTransactionId(next_xid);
 	uint64		xmin;
 	uint64		xmax;

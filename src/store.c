@@ -278,25 +278,6 @@ OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt)
 }
 
 /*
- * OutboxStoreSnapshot
- *		The current snapshot as text, in cxt: what a new batch's cur would
- *		be.
- */
-char *
-OutboxStoreSnapshot(MemoryContext cxt)
-{
-	HeapTuple	tup;
-	char	   *snap;
-
-	SPI_connect();
-	tup = OutboxStoreRow("SELECT pg_catalog.pg_current_snapshot()::text",
-						 "take a snapshot");
-	snap = getstr(tup, SPI_tuptable->tupdesc, 1, cxt);
-	SPI_finish();
-	return snap;
-}
-
-/*
  * OutboxStoreOpenBatch
  *		Find the extent of the batch: a new one (cur := current snapshot) if
  *		none is under way, else the rest of the resumed one.  Sets max_id and
@@ -316,12 +297,14 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 	bool		fresh = (batch->cur == NULL);
 
 	batch->fresh = false;
+	SPI_connect();
 	if (fresh)
 	{
-		batch->cur = OutboxStoreSnapshot(cxt);
+		tup = OutboxStoreRow("SELECT pg_catalog.pg_current_snapshot()::text",
+							 "take a snapshot");
+		batch->cur = getstr(tup, SPI_tuptable->tupdesc, 1, cxt);
 		batch->last_id = 0;
 	}
-	SPI_connect();
 
 	nestlevel = NewGUCNestLevel();
 	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
