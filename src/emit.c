@@ -930,21 +930,20 @@ insert_row(Datum *values, char *nulls)
 	OutboxEmitUnpin(level);
 }
 
-/* whether index is a btree on exactly (att_type, att_id), text, "C" */
+/*
+ * whether index, one plain_indexes() passed (a valid btree on columns, no
+ * predicate), is on exactly (att_type, att_id), text, "C"
+ */
 static bool
 counter_key_index(Relation index, AttrNumber att_type, AttrNumber att_id)
 {
-	return index->rd_rel->relam == BTREE_AM_OID &&
-		index->rd_index->indisvalid && index->rd_index->indisready &&
-		index->rd_index->indnkeyatts == 2 &&
+	return index->rd_index->indnkeyatts == 2 &&
 		index->rd_index->indnatts == 2 &&
 		index->rd_index->indkey.values[0] == att_type &&
 		index->rd_index->indkey.values[1] == att_id &&
 		index->rd_opcintype[0] == TEXTOID && index->rd_opcintype[1] == TEXTOID &&
 		index->rd_indcollation[0] == C_COLLATION_OID &&
-		index->rd_indcollation[1] == C_COLLATION_OID &&
-		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) &&
-		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL);
+		index->rd_indcollation[1] == C_COLLATION_OID;
 }
 
 /*
@@ -988,7 +987,9 @@ counter_table_check(Relation rel, CounterTable *c)
 	if (c->att_type == InvalidAttrNumber || c->att_id == InvalidAttrNumber ||
 		c->att_seq == InvalidAttrNumber)
 		return "a column is missing or of another type";
-	list_free(RelationGetIndexList(rel));
+	/* also makes rd_pkindex valid */
+	if (!plain_indexes(rel))
+		return "an index is not a plain btree on columns";
 	c->pk = rel->rd_pkindex;
 	if (!OidIsValid(c->pk))
 		return "it has no primary key";
@@ -997,8 +998,6 @@ counter_table_check(Relation rel, CounterTable *c)
 	index_close(index, AccessShareLock);
 	if (!key_ok)
 		return "its primary key is not emit()'s";
-	if (!plain_indexes(rel))
-		return "an index is not a plain btree on columns";
 	return NULL;
 }
 
