@@ -322,15 +322,34 @@ The pid of dbname's relay, or undef when none runs.
 
 =cut
 
-sub relay_pids
+sub relay_pids_query
 {
-	my ($node, $dbname) = @_;
+	my ($dbname) = @_;
 	my $where = "backend_type = 'outbox relay'";
 
 	$where .= " AND datname = '$dbname'" if defined $dbname;
-	my $out = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE $where ORDER BY pid");
+	return "SELECT pid FROM pg_stat_activity WHERE $where ORDER BY pid";
+}
+
+sub relay_pids
+{
+	my ($node, $dbname) = @_;
+	my $out = $node->safe_psql('postgres', relay_pids_query($dbname));
+
 	return grep { $_ ne '' } split /\n/, $out;
+}
+
+# the relay's pid for the waits: (1, pid or undef), or (0) while the
+# server does not answer (restarting after a crash)
+sub try_relay_pid
+{
+	my ($node, $dbname) = @_;
+	my ($ret, $out) = try_psql($node, 'postgres', relay_pids_query($dbname));
+
+	return (0) if $ret != 0;
+	my @pids = grep { $_ ne '' } split /\n/, $out;
+	croak "more than one relay for database $dbname: @pids" if @pids > 1;
+	return (1, $pids[0]);
 }
 
 sub relay_pid
@@ -361,7 +380,8 @@ sub wait_for_relay
 
 	while (1)
 	{
-		$pid = relay_pid($node, $dbname);
+		my $answered;
+		($answered, $pid) = try_relay_pid($node, $dbname);
 		last if defined $pid && (!defined $not_pid || $pid != $not_pid);
 		$pid = undef;
 		last if time() > $deadline;
@@ -388,7 +408,8 @@ sub wait_for_no_relay
 
 	while (1)
 	{
-		$gone = !defined relay_pid($node, $dbname);
+		my ($answered, $pid) = try_relay_pid($node, $dbname);
+		$gone = $answered && !defined $pid;
 		last if $gone || time() > $deadline;
 		usleep(50_000);
 	}
@@ -421,6 +442,28 @@ sub wait_for_log_match
 
 =pod
 
+=item try_psql(node, dbname, query)
+
+$node->psql() for loops that wait through a restart: returns (exit code,
+stdout, stderr), and an attempt IPC::Run gives up on counts as a failed
+one.  Cluster::psql writes the query to psql's stdin; a psql that exits
+before reading it (the server is restarting after a crash, or refuses the
+connection) leaves that write a broken pipe, which IPC::Run raises and
+Cluster::psql raises again: the test would die with EPIPE (exit code 32).
+
+=cut
+
+sub try_psql
+{
+	my ($node, $dbname, $query) = @_;
+	my @r = eval { $node->psql($dbname, $query) };
+
+	return @r if @r;
+	return (1, '', "psql gave up: $@");
+}
+
+=pod
+
 =item poll_until(node, dbname, query, expected [, timeout])
 
 Runs query every 100 ms until it returns expected (errors count as not
@@ -436,7 +479,7 @@ sub poll_until
 
 	while (1)
 	{
-		my ($ret, $out, $err) = $node->psql($dbname, $query);
+		my ($ret, $out, $err) = try_psql($node, $dbname, $query);
 		return 1 if $ret == 0 && $out eq $expected;
 		$last = $ret == 0 ? $out : $err;
 		last if time() > $deadline;
