@@ -292,3 +292,34 @@ SELECT event_type, seq, headers, txid = pg_current_xact_id() AS own_txid,
        created_at < '2001-01-01' AS old_created_at, id - min(id) OVER () AS id_step
   FROM outbox.events WHERE aggregate_type = 'direct' ORDER BY id;
 ROLLBACK;
+
+-- emit() opens its two tables by the OIDs it found them at, and by name
+-- again once a table is renamed, replaced or its schema renamed: after
+-- these, its rows and counters go to the new tables of those names, not
+-- to the ones it had open (the counter of moved/1 starts again at 1;
+-- each block starts with the OIDs of the tables of an emit() that committed)
+SELECT outbox.emit('moved', '1', 'moved.a', '{}') IS NOT NULL AS before_ok;
+BEGIN;
+ALTER TABLE outbox.events RENAME TO events_before;
+CREATE TABLE outbox.events (LIKE outbox.events_before INCLUDING ALL);
+ALTER TABLE outbox.aggregates RENAME TO aggregates_before;
+CREATE TABLE outbox.aggregates (LIKE outbox.aggregates_before INCLUDING ALL);
+SELECT outbox.emit('moved', '1', 'moved.b', '{}') IS NOT NULL AS renamed_ok;
+SELECT 'new' AS t, event_type, seq FROM outbox.events WHERE aggregate_type = 'moved'
+UNION ALL
+SELECT 'before', event_type, seq FROM outbox.events_before WHERE aggregate_type = 'moved'
+ORDER BY 1, 2;
+ROLLBACK;
+SELECT outbox.emit('moved', '2', 'moved.again', '{}') IS NOT NULL AS again_ok;
+BEGIN;
+ALTER SCHEMA outbox RENAME TO outbox_before;
+CREATE SCHEMA outbox;
+CREATE TABLE outbox.events (LIKE outbox_before.events INCLUDING ALL);
+CREATE TABLE outbox.aggregates (LIKE outbox_before.aggregates INCLUDING ALL);
+SELECT outbox_before.emit('moved', '1', 'moved.c', '{}') IS NOT NULL AS schema_renamed_ok;
+SELECT 'new' AS t, event_type, seq FROM outbox.events WHERE aggregate_type = 'moved'
+UNION ALL
+SELECT 'before', event_type, seq FROM outbox_before.events WHERE aggregate_type = 'moved'
+ORDER BY 1, 2;
+ROLLBACK;
+SELECT event_type, seq FROM outbox.events WHERE aggregate_type = 'moved' ORDER BY id;

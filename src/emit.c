@@ -646,6 +646,14 @@ typedef struct CounterTable
 
 static CounterTable counter_cache;
 
+/*
+ * The OIDs of outbox.events and outbox.aggregates as open_outbox_table()
+ * last found them by name; InvalidOid once an invalidation of the table
+ * (a change of its definition, a rename, a drop) or of any schema arrives.
+ */
+static Oid	events_relid = InvalidOid;
+static Oid	aggregates_relid = InvalidOid;
+
 static void
 direct_invalidate(Datum arg, Oid relid)
 {
@@ -654,6 +662,18 @@ direct_invalidate(Datum arg, Oid relid)
 		direct_cache.relid = InvalidOid;
 	if (relid == InvalidOid || relid == counter_cache.relid)
 		counter_cache.relid = InvalidOid;
+	if (relid == InvalidOid || relid == events_relid)
+		events_relid = InvalidOid;
+	if (relid == InvalidOid || relid == aggregates_relid)
+		aggregates_relid = InvalidOid;
+}
+
+/* a schema renamed or dropped: outbox.<name> may be another table now */
+static void
+names_invalidate(Datum arg, int cacheid, uint32 hashvalue)
+{
+	events_relid = InvalidOid;
+	aggregates_relid = InvalidOid;
 }
 
 static void
@@ -662,8 +682,42 @@ direct_register_callback(void)
 	if (!direct_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(direct_invalidate, (Datum) 0);
+		CacheRegisterSyscacheCallback(NAMESPACEOID, names_invalidate, (Datum) 0);
 		direct_callback_registered = true;
 	}
+}
+
+/*
+ * open_outbox_table
+ *		outbox.<name> with RowExclusiveLock, by the OID *relid remembers
+ *		while that is still the table of the name, else by the name (a
+ *		lookup of the schema and the table in the catalog caches, a good
+ *		part of an emit() of its own), remembered for the next call.  The
+ *		lock taken by OID accepts the invalidations that came before it, so
+ *		a table renamed, dropped or replaced meanwhile has cleared *relid
+ *		by the time this checks it again; one already locked by this
+ *		transaction cannot have changed but by this transaction, whose own
+ *		invalidations are accepted at its next command.
+ */
+static Relation
+open_outbox_table(const char *name, Oid *relid)
+{
+	Relation	rel;
+
+	direct_register_callback();
+	if (OidIsValid(*relid))
+	{
+		Oid			known = *relid;
+
+		rel = try_table_open(known, RowExclusiveLock);
+		if (rel != NULL && *relid == known)
+			return rel;
+		if (rel != NULL)
+			table_close(rel, NoLock);
+	}
+	rel = table_openrv(makeRangeVar("outbox", (char *) name, -1), RowExclusiveLock);
+	*relid = RelationGetRelid(rel);
+	return rel;
 }
 
 /* whether column attnum of rel defaults to a call of funcid, no arguments */
@@ -904,7 +958,7 @@ insert_row(Datum *values, char *nulls)
 	int			rc;
 	int			level;
 
-	rel = table_openrv(makeRangeVar("outbox", "events", -1), RowExclusiveLock);
+	rel = open_outbox_table("events", &events_relid);
 	if (direct_table(rel, &t))
 	{
 		insert_direct(rel, &t, values, nulls);
@@ -1061,7 +1115,7 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 	Snapshot	snapshot;
 	TakeResult	result = TAKE_NO_ROW;
 
-	rel = table_openrv(makeRangeVar("outbox", "aggregates", -1), RowExclusiveLock);
+	rel = open_outbox_table("aggregates", &aggregates_relid);
 	counter_table(rel, &c);
 	if (c.why_not != NULL)
 	{
