@@ -691,8 +691,8 @@ direct_register_callback(void)
  * open_outbox_table
  *		outbox.<name> with RowExclusiveLock, by the OID *relid remembers
  *		while that is still the table of the name, else by the name (a
- *		lookup of the schema and the table in the catalog caches, a good
- *		part of an emit() of its own), remembered for the next call.  The
+ *		lookup of the schema and of the table in the catalog caches),
+ *		remembered for the next call.  The
  *		lock taken by OID accepts the invalidations that came before it, so
  *		a table renamed, dropped or replaced meanwhile has cleared *relid
  *		by the time this checks it again; one already locked by this
