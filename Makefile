@@ -23,7 +23,7 @@ REGRESS = setup emit capture privileges settings replay sequence inbox subscript
 REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims
-ISOLATION = aggregate_order inbox_race
+ISOLATION = aggregate_order inbox_race emit_moved
 ISOLATION_OPTS = --inputdir=test --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 
 # TAP: the workers' life, read back through kcat

@@ -694,10 +694,14 @@ direct_register_callback(void)
  *		lookup of the schema and of the table in the catalog caches),
  *		remembered for the next call.  The
  *		lock taken by OID accepts the invalidations that came before it, so
- *		a table renamed, dropped or replaced meanwhile has cleared *relid
- *		by the time this checks it again; one already locked by this
- *		transaction cannot have changed but by this transaction, whose own
- *		invalidations are accepted at its next command.
+ *		a table renamed, dropped or replaced meanwhile (or a schema renamed)
+ *		has cleared *relid by the time this checks it again, and the lock
+ *		on the table it no longer is is let go; a table this transaction
+ *		has locked already can only have been renamed or replaced by this
+ *		transaction, whose own invalidations are accepted at its next
+ *		command.  A schema's rename takes no lock on its tables: a rename by
+ *		another session after this transaction locked the table shows at
+ *		its next lock or transaction, as it would to a lookup by name.
  */
 static Relation
 open_outbox_table(const char *name, Oid *relid)
@@ -713,7 +717,7 @@ open_outbox_table(const char *name, Oid *relid)
 		if (rel != NULL && *relid == known)
 			return rel;
 		if (rel != NULL)
-			table_close(rel, NoLock);
+			table_close(rel, RowExclusiveLock);
 	}
 	rel = table_openrv(makeRangeVar("outbox", (char *) name, -1), RowExclusiveLock);
 	*relid = RelationGetRelid(rel);
