@@ -40,6 +40,7 @@ import re
 import shutil
 import signal
 import subprocess
+from statistics import median
 import sys
 import tempfile
 import threading
@@ -217,12 +218,6 @@ def fmt(x, digits=0):
 
 # ---------------------------------------------------------------- emit cost
 
-def median(values):
-    v = sorted(values)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
-
 def alternate(cases):
     """Runs every case once per round, EMIT_ROUNDS rounds, the order turned
     by one each round (a, b, c; b, c, a; ...): the cases of a round run
@@ -246,17 +241,22 @@ def round_ratios(a, b):
     return median(rs), min(rs), max(rs)
 
 
-def bench_emit(server, conn):
+def make_accounts(conn):
+    """b.accounts, the business rows both emit comparisons update, each
+    account with an event already, as in a live system: the runs measure
+    the counter row's update, not its creation"""
     q(conn, """
         CREATE SCHEMA IF NOT EXISTS b;
         CREATE TABLE b.accounts (id int PRIMARY KEY, version bigint NOT NULL DEFAULT 0, filler text);
         INSERT INTO b.accounts SELECT g, 0, repeat('x', 100) FROM generate_series(1, 10000) g;
-        CREATE TABLE b.plain_outbox (LIKE outbox.events INCLUDING ALL);
     """)
     q(conn, "VACUUM ANALYZE b.accounts")
-    # each account has had an event before, as in a live system: the
-    # rounds measure the counter row's update, not its creation
     q(conn, "SELECT count(outbox.emit('account', g::text, 'account.opened', '{}')) FROM generate_series(1, 10000) g")
+
+
+def bench_emit(server, conn):
+    make_accounts(conn)
+    q(conn, "CREATE TABLE b.plain_outbox (LIKE outbox.events INCLUDING ALL)")
     payload = json.dumps({"account": 1, "status": "updated", "amount": 12345, "pad": PAD})
     emit = f"""\\set aid random(1, 10000)
 BEGIN;
@@ -865,11 +865,7 @@ def bench_debezium(server, conn):
         set_conf(conn, "outbox.enabled", "off")
 
         # -- emit cost: both publishers stopped, wal_level = logical
-        q(conn, """CREATE SCHEMA IF NOT EXISTS b;
-                   CREATE TABLE b.accounts (id int PRIMARY KEY, version bigint NOT NULL DEFAULT 0, filler text);
-                   INSERT INTO b.accounts SELECT g, 0, repeat('x', 100) FROM generate_series(1, 10000) g""")
-        q(conn, "VACUUM ANALYZE b.accounts")
-        q(conn, "SELECT count(outbox.emit('account', g::text, 'account.opened', '{}')) FROM generate_series(1, 10000) g")
+        make_accounts(conn)
         payload = json.dumps({"account": 1, "status": "updated", "amount": 12345, "pad": PAD})
         upd = "\\set aid random(1, 10000)\nBEGIN;\nUPDATE b.accounts SET version = version + 1 WHERE id = :aid;\n"
         scripts = {
@@ -975,9 +971,9 @@ def bench_debezium(server, conn):
                 f"{pct(mine, 50) / pct(other, 50):.2f}", f"{len(mine)} events; ratio of p50")
 
         # the relay's own latency, Apache Kafka beside the mock cluster, the
-        # same loads, both read by kcat (the Java consumer cannot read the
-        # mock cluster); a short fetch wait, which the mock cluster always
-        # waits out
+        # same loads, both read by the same kcat consumer as the latency
+        # section's (a short fetch wait, which the mock cluster always waits
+        # out)
         set_conf(conn, "outbox.enabled", "on")
         for label, rate, k in loads:
             lat = {}

@@ -331,12 +331,27 @@ sub relay_pids_query
 	return "SELECT pid FROM pg_stat_activity WHERE $where ORDER BY pid";
 }
 
+# the pids of relay_pids_query's output
+sub pid_lines
+{
+	my ($out) = @_;
+	return grep { $_ ne '' } split /\n/, $out;
+}
+
+# the one relay of dbname among pids, or undef
+sub one_relay
+{
+	my ($dbname, @pids) = @_;
+
+	croak "more than one relay for database $dbname: @pids" if @pids > 1;
+	return $pids[0];
+}
+
 sub relay_pids
 {
 	my ($node, $dbname) = @_;
-	my $out = $node->safe_psql('postgres', relay_pids_query($dbname));
 
-	return grep { $_ ne '' } split /\n/, $out;
+	return pid_lines($node->safe_psql('postgres', relay_pids_query($dbname)));
 }
 
 # the relay's pid for the waits: (1, pid or undef), or (0) while the
@@ -347,18 +362,14 @@ sub try_relay_pid
 	my ($ret, $out) = try_psql($node, 'postgres', relay_pids_query($dbname));
 
 	return (0) if $ret != 0;
-	my @pids = grep { $_ ne '' } split /\n/, $out;
-	croak "more than one relay for database $dbname: @pids" if @pids > 1;
-	return (1, $pids[0]);
+	return (1, one_relay($dbname, pid_lines($out)));
 }
 
 sub relay_pid
 {
 	my ($node, $dbname) = @_;
-	my @pids = relay_pids($node, $dbname);
 
-	croak "more than one relay for database $dbname: @pids" if @pids > 1;
-	return $pids[0];
+	return one_relay($dbname, relay_pids($node, $dbname));
 }
 
 =pod
