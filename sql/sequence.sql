@@ -163,3 +163,66 @@ END$$;
 COMMIT;
 SELECT * FROM t.seqs('dir');
 SELECT * FROM t.seqs('dir2');
+
+-- where the counter row was seen (counter.c): a transaction's first emit of
+-- an aggregate looks for the row where the last one found it, and descends
+-- the primary key only when it is not there.  key_scans() is how many
+-- times this transaction has scanned the key (its statistics are flushed
+-- before).
+CREATE FUNCTION t.key_scans() RETURNS bigint LANGUAGE sql AS $$
+	SELECT idx_scan FROM pg_stat_xact_user_tables
+	 WHERE relid = 'outbox.aggregates'::regclass
+$$;
+SELECT outbox.emit('seqtest', 'm1', 'e', '{}') IS NOT NULL AS m1_created;
+SELECT outbox.emit('seqtest', 'm1', 'e', '{}') IS NOT NULL AS m1_found_by_key;
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT outbox.emit('seqtest', 'm1', 'e', '{}') IS NOT NULL AS m1_found_where_seen;
+SELECT t.key_scans();
+COMMIT;
+SELECT * FROM t.seqs('m1');
+-- the table rewritten (new file): the buffer no longer holds its block,
+-- and the key finds the row
+VACUUM FULL outbox.aggregates;
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT outbox.emit('seqtest', 'm1', 'e', '{}') IS NOT NULL AS m1_after_rewrite;
+SELECT t.key_scans();
+COMMIT;
+SELECT * FROM t.seqs('m1');
+-- the row deleted and its line pointer reused by another aggregate's row:
+-- the row found there is not this aggregate's, and the key finds none, so
+-- m2 starts again at 1 and m3's counter is left alone
+SELECT outbox.emit('seqtest', 'm2', 'e', '{}') IS NOT NULL AS m2_created;
+SELECT ctid AS m2_at FROM outbox.aggregates
+ WHERE aggregate_type = 'seqtest' AND aggregate_id = 'm2' \gset
+SELECT outbox.emit('seqtest', 'm2', 'e', '{}') IS NOT NULL AS m2_found_by_key;
+DELETE FROM outbox.aggregates WHERE aggregate_type = 'seqtest' AND aggregate_id = 'm2';
+VACUUM (INDEX_CLEANUP ON) outbox.aggregates;
+INSERT INTO outbox.aggregates VALUES ('seqtest', 'm3', 100);
+SELECT ctid = :'m2_at' AS m3_has_m2s_line_pointer FROM outbox.aggregates
+ WHERE aggregate_type = 'seqtest' AND aggregate_id = 'm3';
+SELECT outbox.emit('seqtest', 'm2', 'e', '{}') IS NOT NULL AS m2_again;
+SELECT seq FROM outbox.events WHERE aggregate_type = 'seqtest' AND aggregate_id = 'm2'
+ ORDER BY id DESC LIMIT 1;
+SELECT * FROM t.seqs('m3');
+
+-- counter pages are pruned late (once nearly full) but pruned: 3,000
+-- transactions over 20 aggregates leave the table within a page of its
+-- size (no autovacuum meanwhile; without pruning, 3,000 dead versions take
+-- about 24 pages)
+ALTER TABLE outbox.aggregates SET (autovacuum_enabled = off);
+SELECT outbox.emit('seqtest', 'p' || g, 'e', '{}') IS NULL FROM generate_series(0, 19) g
+ GROUP BY 1;
+SELECT pg_relation_size('outbox.aggregates') AS agg_size \gset
+SET synchronous_commit = off;
+DO $$BEGIN
+	FOR i IN 1..3000 LOOP
+		PERFORM outbox.emit('seqtest', 'p' || (i % 20), 'e', '{}');
+		COMMIT;
+	END LOOP;
+END$$;
+RESET synchronous_commit;
+SELECT pg_relation_size('outbox.aggregates') <= :agg_size + 8192 AS pruned;
+SELECT * FROM t.seqs('p7');
+ALTER TABLE outbox.aggregates RESET (autovacuum_enabled);

@@ -270,6 +270,22 @@ typedef bool OutboxUpdateIndexes;
 	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
 #endif
 
+/* ---- 1.9 Pinning a buffer that may still hold a block -------------------
+ *
+ * 16 renamed RelFileNode (rd_node) to RelFileLocator (rd_locator), which
+ * ReadRecentBuffer() takes.  OutboxReadRecentBuffer(rel, block, buffer):
+ * whether buffer still holds that block of rel's main fork, now pinned.
+ */
+#include "storage/bufmgr.h"
+#include "utils/rel.h"
+#if PG_VERSION_NUM >= 160000
+#define OutboxReadRecentBuffer(rel, block, buffer) \
+	ReadRecentBuffer((rel)->rd_locator, MAIN_FORKNUM, (block), (buffer))
+#else
+#define OutboxReadRecentBuffer(rel, block, buffer) \
+	ReadRecentBuffer((rel)->rd_node, MAIN_FORKNUM, (block), (buffer))
+#endif
+
 /* ========================================================================
  * Part 2: librdkafka
  * ========================================================================

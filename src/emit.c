@@ -42,6 +42,7 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -54,6 +55,7 @@
 #include "commands/defrem.h"
 #include "commands/sequence.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -1106,18 +1108,150 @@ typedef enum TakeResult
 	TAKE_DONE, TAKE_NO_ROW, TAKE_STATEMENT
 } TakeResult;
 
+/*
+ * counter_make_room
+ *		Prune buf's page, a counter page, only once it is nearly full: room
+ *		for a few more versions of a row of need bytes.  A counter row gets
+ *		a new version in every transaction that emits for its aggregate;
+ *		pruning at each access, as an index fetch does once a page is 90%
+ *		full, rewrites the whole page (about a hundred rows) for each dead
+ *		version.  Pruned this late, the page still has room for the new
+ *		version (HOT) and each pruning frees several.  Free space is read
+ *		without the lock, as heap_page_prune_opt() reads it.
+ */
+static void
+counter_make_room(Relation rel, Buffer buf, Size need)
+{
+	if (PageGetHeapFreeSpace(BufferGetPage(buf)) < 4 * need)
+		heap_page_prune_opt(rel, buf);
+}
+
+/*
+ * counter_visible
+ *		Into slot: the version snapshot sees of the row whose HOT chain
+ *		starts at root, on buf (pinned by the caller), as an index fetch
+ *		finds it; false when there is none (*all_dead: no one sees any).
+ */
+static bool
+counter_visible(Relation rel, Buffer buf, ItemPointer root, Snapshot snapshot,
+				Size need, TupleTableSlot *slot, bool *all_dead)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	ItemPointerData tid = *root;
+	bool		found;
+
+	counter_make_room(rel, buf, need);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	found = heap_hot_search_buffer(&tid, rel, buf, snapshot,
+								   &bslot->base.tupdata, all_dead, true);
+	bslot->base.tupdata.t_self = tid;
+	LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+	if (found)
+	{
+		slot->tts_tableOid = RelationGetRelid(rel);
+		ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, buf);
+	}
+	return found;
+}
+
+/* whether slot's row is the counter row of (type, id): "C" is bytewise */
+static bool
+counter_is(TupleTableSlot *slot, const CounterTable *c, text *type, text *id)
+{
+	bool		isnull;
+	text	   *t;
+	text	   *i;
+
+	t = DatumGetTextPP(slot_getattr(slot, c->att_type, &isnull));
+	if (isnull)
+		return false;
+	i = DatumGetTextPP(slot_getattr(slot, c->att_id, &isnull));
+	if (isnull)
+		return false;
+	return VARSIZE_ANY_EXHDR(t) == VARSIZE_ANY_EXHDR(type) &&
+		VARSIZE_ANY_EXHDR(i) == VARSIZE_ANY_EXHDR(id) &&
+		memcmp(VARDATA_ANY(t), VARDATA_ANY(type), VARSIZE_ANY_EXHDR(type)) == 0 &&
+		memcmp(VARDATA_ANY(i), VARDATA_ANY(id), VARSIZE_ANY_EXHDR(id)) == 0;
+}
+
+/*
+ * counter_find
+ *		Into slot: the aggregate's counter row as snapshot sees it, found
+ *		where counter.c last saw it or, failing that, through the primary
+ *		key (which counter.c is then told of); false when there is none.
+ */
+static bool
+counter_find(Relation rel, const CounterTable *c, Snapshot snapshot,
+			 text *aggregate_type, text *aggregate_id, uint64 hash,
+			 TupleTableSlot *slot)
+{
+	Relation	index;
+	ScanKeyData keys[2];
+	IndexScanDesc scan;
+	ItemPointerData root;
+	ItemPointer tid;
+	Buffer		buf = InvalidBuffer;
+	bool		all_dead;
+	bool		found = false;
+	Size		need;
+
+	/* a new version of the row, with its line pointer: about this much */
+	need = MAXALIGN(SizeofHeapTupleHeader + VARSIZE_ANY(aggregate_type) +
+					VARSIZE_ANY(aggregate_id) + 2 * sizeof(int64)) +
+		sizeof(ItemIdData);
+
+	if (OutboxCounterRecall(rel, hash, &root, &buf))
+	{
+		if (counter_visible(rel, buf, &root, snapshot, need, slot, &all_dead) &&
+			counter_is(slot, c, aggregate_type, aggregate_id))
+			found = true;
+		else
+			ExecClearTuple(slot);
+		ReleaseBuffer(buf);
+		if (found)
+			return true;
+		buf = InvalidBuffer;
+	}
+
+	index = index_open(c->pk, RowExclusiveLock);
+	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(aggregate_type));
+	ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(aggregate_id));
+	/* ScanKeyInit gives "C", the key's collation */
+	scan = OutboxIndexBeginScan(rel, index, snapshot, 2);
+	index_rescan(scan, keys, 2, NULL, 0);
+	while ((tid = index_getnext_tid(scan, ForwardScanDirection)) != NULL)
+	{
+		buf = ReleaseAndReadBuffer(buf, rel, ItemPointerGetBlockNumber(tid));
+		root = *tid;
+		if (counter_visible(rel, buf, &root, snapshot, need, slot, &all_dead))
+		{
+			OutboxCounterRemember(hash, &root, buf);
+			found = true;
+			break;
+		}
+		/* as an index fetch: no one sees this chain, so mark its entry */
+		if (!scan->xactStartedInRecovery)
+			scan->kill_prior_tuple = all_dead;
+	}
+	index_endscan(scan);
+	if (BufferIsValid(buf))
+		ReleaseBuffer(buf);
+	index_close(index, NoLock);
+	return found;
+}
+
 static TakeResult
 take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 {
 	Relation	rel;
-	Relation	index;
 	CounterTable c;
-	ScanKeyData keys[2];
-	IndexScanDesc scan;
 	TupleTableSlot *old_slot;
 	TupleTableSlot *new_slot;
 	Snapshot	snapshot;
 	TakeResult	result = TAKE_NO_ROW;
+	uint64		hash;
 
 	rel = open_outbox_table("aggregates", &aggregates_relid);
 	counter_table(rel, &c);
@@ -1126,7 +1260,6 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 		table_close(rel, NoLock);
 		return TAKE_STATEMENT;
 	}
-	index = index_open(c.pk, RowExclusiveLock);
 	/* as the statement: a published table must be able to replicate it */
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 
@@ -1135,16 +1268,11 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	snapshot = GetActiveSnapshot();
 
-	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(aggregate_type));
-	ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(aggregate_id));
-	/* ScanKeyInit gives "C", the key's collation */
 	old_slot = table_slot_create(rel, NULL);
 	new_slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsVirtual);
-	scan = OutboxIndexBeginScan(rel, index, snapshot, 2);
-	index_rescan(scan, keys, 2, NULL, 0);
-	if (index_getnext_slot(scan, ForwardScanDirection, old_slot))
+	hash = OutboxCounterHash(RelationGetRelid(rel), aggregate_type, aggregate_id);
+	if (counter_find(rel, &c, snapshot, aggregate_type, aggregate_id, hash,
+					 old_slot))
 	{
 		TM_FailureData tmfd;
 		LockTupleMode lockmode;
@@ -1183,6 +1311,8 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 				EState	   *estate = CreateExecutorState();
 				ResultRelInfo *rri = makeNode(ResultRelInfo);
 
+				/* the row left its page: its chain has a new root */
+				OutboxCounterForget(hash);
 				InitResultRelInfo(rri, rel, 0, NULL, 0);
 				ExecOpenIndices(rri, false);
 
@@ -1215,11 +1345,9 @@ take_seq_direct(text *aggregate_type, text *aggregate_id, int64 *seq)
 			/* it waited for the other updater, if any: now the statement */
 			result = TAKE_STATEMENT;
 	}
-	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(new_slot);
 	ExecDropSingleTupleTableSlot(old_slot);
 	PopActiveSnapshot();
-	index_close(index, NoLock);
 	table_close(rel, NoLock);
 	return result;
 }

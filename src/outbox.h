@@ -18,7 +18,10 @@
 #include "datatype/timestamp.h"
 #include "lib/stringinfo.h"
 #include "nodes/pg_list.h"
+#include "storage/buf.h"
+#include "storage/itemptr.h"
 #include "storage/latch.h"
+#include "utils/relcache.h"
 #include "utils/snapshot.h"
 
 /* Bounds of the integer settings, named so the check hooks and docs agree */
@@ -147,6 +150,16 @@ extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
 extern int	OutboxEmitPinSearchPath(void);
 extern void OutboxEmitUnpin(int level);
+
+/* counter.c: where counter rows were last seen, for emit() */
+extern void OutboxCounterShmemRequest(void);
+extern void OutboxCounterShmemInit(void);
+extern uint64 OutboxCounterHash(Oid relid, text *aggregate_type,
+								text *aggregate_id);
+extern bool OutboxCounterRecall(Relation rel, uint64 hash, ItemPointer root,
+								Buffer *buffer);
+extern void OutboxCounterRemember(uint64 hash, ItemPointer root, Buffer buffer);
+extern void OutboxCounterForget(uint64 hash);
 
 /* shmem.c: the relay slots; their layout and locks are private to it */
 typedef enum OutboxRelayState

@@ -145,6 +145,7 @@ outbox_shmem_request(void)
 	RequestNamedLWLockTranche("outbox", 1);
 	OutboxHandoffShmemRequest();
 	OutboxInboxShmemRequest();
+	OutboxCounterShmemRequest();
 }
 
 static void
@@ -168,6 +169,7 @@ outbox_shmem_startup(void)
 	}
 	OutboxHandoffShmemInit();
 	OutboxInboxShmemInit();
+	OutboxCounterShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -1,0 +1,115 @@
+# test/t/016_counter_map.pl: where counter rows were last seen, in shared
+# memory (src/counter.c).  With the library preloaded, one backend's lookup
+# of an aggregate's counter row serves the next backend, which finds the row
+# without scanning the primary key.  Under load, with the table rewritten
+# and vacuumed underneath (rows moved, buffers and line pointers reused),
+# every aggregate's seq stays gapless in id order and its counter row says
+# how many events it has.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IPC::Run;
+
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
+
+# no relay: only emit() is under test
+my $node = outbox_node('counters', '127.0.0.1:9', conf => q{
+outbox.enabled = off
+max_connections = 30
+log_statement = none
+});
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+
+# the index scans of outbox.aggregates' key in one transaction that emits
+# once for aggregate id, in a backend of its own
+sub key_scans
+{
+	my ($id) = @_;
+	return $node->safe_psql('postgres', qq{
+BEGIN;
+SELECT outbox.emit('map', '$id', 'e', '{}') IS NULL;
+SELECT idx_scan FROM pg_stat_xact_user_tables
+ WHERE relid = 'outbox.aggregates'::regclass;
+COMMIT;
+}) =~ s/^f\n//r;
+}
+
+# 1. shared: made by one backend, found by the key in a second, found
+#    where it was seen in a third (and a fourth)
+$node->safe_psql('postgres', q{SELECT outbox.emit('map', 'a', 'e', '{}')});
+is(key_scans('a'), '1', 'a new backend finds the counter row by its key');
+is(key_scans('a'), '0', 'the next backend finds it where the last one saw it');
+is(key_scans('a'), '0', 'and so does the one after');
+is($node->safe_psql('postgres', q{
+SELECT string_agg(seq::text, ',' ORDER BY id) FROM outbox.events
+ WHERE aggregate_type = 'map' AND aggregate_id = 'a'}),
+	'1,2,3,4', 'its events are numbered 1..4');
+
+# 2. a drill: 6 clients for 8 s over 40 aggregates, one in ten transactions
+#    rolled back, while another session rewrites the table (VACUUM FULL:
+#    new file, rows packed so that the next updates leave their pages) and
+#    vacuums it (line pointers freed for reuse)
+my $script = $node->basedir . '/drill.sql';
+PostgreSQL::Test::Utils::append_to_file($script, q{
+\set agg random(1, 40)
+\set doomed random(1, 10)
+BEGIN;
+SELECT outbox.emit('drill', 'd' || :agg, 'e', '{}');
+SELECT outbox.emit('drill', 'd' || :agg, 'e', '{}') WHERE :doomed = 2;
+\if :doomed = 1
+ROLLBACK;
+\else
+COMMIT;
+\endif
+});
+my $churn = q{
+SELECT pg_sleep(0.3);
+VACUUM FULL outbox.aggregates;
+SELECT pg_sleep(0.3);
+VACUUM outbox.aggregates;
+} x 12;
+my ($cout, $cerr) = ('', '');
+my $churner = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres') ],
+	'<', \$churn, '>', \$cout, '2>', \$cerr);
+my ($pout, $perr) = ('', '');
+IPC::Run::run(
+	[ 'pgbench', '--no-vacuum', '--client=6', '--jobs=2', '--time=8',
+		'-f', $script, $node->connstr('postgres') ],
+	'>', \$pout, '2>', \$perr);
+like($pout, qr/number of failed transactions: 0 /,
+	'the clients ran') or diag($perr);
+unlike($perr, qr/ERROR|aborted/, 'no client failed') or diag($perr);
+ok($churner->finish, 'the table was rewritten and vacuumed meanwhile')
+  or diag($cerr);
+
+is($node->safe_psql('postgres', q{
+SELECT count(*) FROM outbox.aggregates WHERE aggregate_type = 'drill'}),
+	'40', 'every aggregate has its counter row');
+is($node->safe_psql('postgres', q{
+WITH e AS (
+	SELECT aggregate_id, seq,
+		   row_number() OVER (PARTITION BY aggregate_id ORDER BY id) AS n
+	  FROM outbox.events WHERE aggregate_type = 'drill')
+SELECT count(*) FROM (
+	SELECT aggregate_id, bool_and(seq = n) AS gapless, max(n) AS events
+	  FROM e GROUP BY aggregate_id) s
+  JOIN outbox.aggregates a
+	ON a.aggregate_type = 'drill' AND a.aggregate_id = s.aggregate_id
+ WHERE NOT s.gapless OR a.last_seq <> s.events}),
+	'0', 'each aggregate: seq 1..n in id order, its counter row says n');
+note('counter row updates, HOT, by the key: ' . $node->safe_psql('postgres', q{
+SELECT n_tup_upd || ', ' || n_tup_hot_upd || ', ' || idx_scan
+  FROM pg_stat_user_tables WHERE relid = 'outbox.aggregates'::regclass}));
+cmp_ok($node->safe_psql('postgres', q{
+SELECT count(*) FROM outbox.events WHERE aggregate_type = 'drill'}),
+	'>', 1000, 'over a thousand events were emitted');
+
+$node->stop;
+done_testing();
