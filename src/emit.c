@@ -22,7 +22,10 @@
  *	  an aggregate takes its seq from its counter row, which locks the row
  *	  before the event row's id is drawn; later ones take the seq
  *	  sequence.c gives out from memory.  sequence.c's header says why that
- *	  keeps seq gapless and in commit order.
+ *	  keeps seq gapless and in commit order.  The row is looked for where
+ *	  counter.c last saw it before the primary key is descended; either
+ *	  way it is the version the statement's snapshot sees, with the
+ *	  aggregate's key (counter_find).
  *	- Everything a relay needs is resolved here, once: event id (UUIDv7),
  *	  topic (validated as a legal Kafka name), key, tenant, traceparent.
  *	- Every argument is hostile input: an event emit() accepts cannot
@@ -1094,8 +1097,9 @@ counter_table(Relation rel, CounterTable *out)
  * take_seq_direct
  *		take_seq() without the UPDATE statement, while outbox.aggregates is
  *		the table this knows (counter_table_check): find the aggregate's row
- *		through the primary key with a new snapshot, as the statement would
- *		(READ COMMITTED: the latest; otherwise the transaction's), and
+ *		(counter_find: where it was last seen, else through the primary key)
+ *		with a new snapshot, as the statement would (READ COMMITTED: the
+ *		latest; otherwise the transaction's), and
  *		update it, which locks it.  TAKE_DONE with *seq; TAKE_NO_ROW: there
  *		is none (the upsert makes it); TAKE_STATEMENT: leave it to the
  *		statement, which waits for, rechecks and raises what UPDATE does:
