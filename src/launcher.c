@@ -43,6 +43,7 @@
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
+#include "utils/syscache.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -152,6 +153,18 @@ database_name(Oid dboid, char *buf, size_t len)
 	else
 		snprintf(buf, len, "%u", dboid);
 	CommitTransactionCommand();
+}
+
+/* whether dboid is still in pg_database */
+static bool
+database_exists(Oid dboid)
+{
+	bool		exists;
+
+	StartTransactionCommand();
+	exists = SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dboid));
+	CommitTransactionCommand();
+	return exists;
 }
 
 /*
@@ -269,6 +282,18 @@ start_worker(RelayEntry *entry, TimestampTz now)
 	OutboxSlotView view;
 	bool		has_slot = OutboxSlotRead(entry->dboid, &view);
 	bool		held;
+
+	/*
+	 * The database may have been dropped since the last rescan (DROP
+	 * DATABASE holds it for as long as the rescan interval, so its end can
+	 * come first): a worker would only fail to connect.  The next rescan
+	 * forgets the entry.
+	 */
+	if (view.pid == 0 && !database_exists(entry->dboid))
+	{
+		entry->wanted = false;
+		return;
+	}
 
 	if (view.pid != 0)
 	{
