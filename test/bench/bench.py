@@ -476,6 +476,19 @@ def thread_ms(pid):
     return out
 
 
+def wakeups(pid):
+    """Voluntary context switches of all live threads of pid: each one a
+    sleep, so the wake-ups that follow."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+        except FileNotFoundError:
+            continue
+    return n
+
+
 def threads(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -484,17 +497,39 @@ def idle_cpu(pid, secs):
     """CPU of pid over secs idle seconds, in ms (schedstat, all threads),
     with the share of librdkafka's threads and the busiest of them."""
     threads0 = thread_ms(pid)
+    wakes0 = wakeups(pid)
     time.sleep(secs)
     threads1 = thread_ms(pid)
+    wakes = wakeups(pid) - wakes0
     # the sum over the threads alive at both ends: none starts or ends
     # while the producer stays open, or stays closed
     per = {n: threads1[n] - threads0.get(n, 0) for n in threads1}
     rdk = sum(v for n, v in per.items() if n.startswith("rdk:"))
     busiest = max((n for n in per if n.startswith("rdk:")), key=lambda n: per[n], default="none")
     mine = sum(v for n, v in per.items() if not n.startswith("rdk:"))
+    # what a wake-up costs differs between machines (virtual ones most):
+    # the count of them is what the relay decides
     return (sum(per.values()),
             f"relay thread {mine:.0f} ms, librdkafka threads {rdk:.0f} ms"
-            + (f" ({busiest} {per[busiest]:.0f} ms)" if rdk else ""))
+            + (f" ({busiest} {per[busiest]:.0f} ms)" if rdk else "")
+            + f"; {wakes} wake-ups, {sum(per.values()) / max(wakes, 1):.2f} ms each")
+
+
+# sleeps N times a second in epoll, then prints its CPU (ms) and wake-ups
+BARE_WAKER = """
+import select, sys
+def cpu():
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[0])
+def wakes():
+    with open("/proc/thread-self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+e = select.epoll()
+c0, w0 = cpu(), wakes()
+for _ in range(int(sys.argv[1])):
+    e.poll(1.0)
+print((cpu() - c0) / 1e6, wakes() - w0)
+"""
 
 
 def bench_idle(conn, brokers):
@@ -538,11 +573,18 @@ def bench_idle(conn, brokers):
     while threads(pid) > 1 and time.time() - t0 < 300:
         time.sleep(0.2)
     closed_after = time.time() - t0
+    # beside it, a bare process waking once a second: what a wake-up
+    # costs on this machine, whoever wakes
+    bare = subprocess.Popen([sys.executable, "-c", BARE_WAKER, str(IDLE_SECS - 2)],
+                            stdout=subprocess.PIPE, text=True)
     cpu_closed, note_closed = idle_cpu(pid, IDLE_SECS)
+    bare_ms, bare_wakes = (float(v) for v in bare.communicate()[0].split())
     row("idle", f"relay CPU over {IDLE_SECS} s idle, producer closed", f"{cpu_closed:.1f}", "ms",
         f"{cpu_closed / cpu_open:.2f}" if cpu_open else "",
         f"the default, outbox.kafka_idle_timeout = {timeout} (closed {closed_after:.0f} s after the reset, idle since the minute above began);"
         f" {note_closed}; ratio to producer open")
+    row("idle", "a bare process waking once a second, same minute", f"{bare_ms:.1f}", "ms", "",
+        f"{bare_wakes:.0f} wake-ups, {bare_ms / max(bare_wakes, 1):.2f} ms each: the machine's cost of a wake-up")
 
     # what closing costs: the first event after it opens the producer again
     consumer = Consumer(brokers, "outbox.event.tick")
