@@ -515,21 +515,8 @@ def idle_cpu(pid, secs):
             + f"; {wakes} wake-ups, {sum(per.values()) / max(wakes, 1):.2f} ms each")
 
 
-# sleeps N times a second in epoll, then prints its CPU (ms) and wake-ups
-BARE_WAKER = """
-import select, sys
-def cpu():
-    with open("/proc/thread-self/schedstat") as f:
-        return int(f.read().split()[0])
-def wakes():
-    with open("/proc/thread-self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
-e = select.epoll()
-c0, w0 = cpu(), wakes()
-for _ in range(int(sys.argv[1])):
-    e.poll(1.0)
-print((cpu() - c0) / 1e6, wakes() - w0)
-"""
+# waits in epoll, a second at a time, until killed
+BARE_WAKER = "import select\ne = select.epoll()\nwhile True:\n    e.poll(1.0)\n"
 
 
 def bench_idle(conn, brokers):
@@ -575,10 +562,14 @@ def bench_idle(conn, brokers):
     closed_after = time.time() - t0
     # beside it, a bare process waking once a second: what a wake-up
     # costs on this machine, whoever wakes
-    bare = subprocess.Popen([sys.executable, "-c", BARE_WAKER, str(IDLE_SECS - 2)],
-                            stdout=subprocess.PIPE, text=True)
+    bare = subprocess.Popen([sys.executable, "-c", BARE_WAKER])
+    time.sleep(0.5)
+    bare0, bare_wakes0 = thread_ms(bare.pid), wakeups(bare.pid)
     cpu_closed, note_closed = idle_cpu(pid, IDLE_SECS)
-    bare_ms, bare_wakes = (float(v) for v in bare.communicate()[0].split())
+    bare_ms = sum(thread_ms(bare.pid).values()) - sum(bare0.values())
+    bare_wakes = wakeups(bare.pid) - bare_wakes0
+    bare.kill()
+    bare.wait()
     row("idle", f"relay CPU over {IDLE_SECS} s idle, producer closed", f"{cpu_closed:.1f}", "ms",
         f"{cpu_closed / cpu_open:.2f}" if cpu_open else "",
         f"the default, outbox.kafka_idle_timeout = {timeout} (closed {closed_after:.0f} s after the reset, idle since the minute above began);"
