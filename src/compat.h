@@ -336,4 +336,42 @@ typedef bool OutboxUpdateIndexes;
 #define OutboxMallocKeep(bytes) ((void) (bytes))
 #endif
 
+/* ---- 3.2 handing idle memory back -------------------------------------
+ *
+ * OutboxMallocRelease(): give the kernel the freed memory malloc kept
+ * (OutboxMallocKeep).  glibc only (malloc_trim); elsewhere a no-op.
+ *
+ * OutboxUnmapRange(start, len): drop this process's page-table entries for
+ * the 2 MB-aligned inside of [start, start + len) of a shared mapping, as
+ * madvise(MADV_DONTNEED) does.  For shared anonymous, System V and file
+ * mappings the contents stay in the shared object, and the next access maps
+ * them again: nothing is lost, nothing changes for other processes.  The
+ * 2 MB alignment fits both 4 kB pages and 2 MB huge pages.  Returns 0, or
+ * an errno; Linux only (elsewhere ENOSYS), where it is what it is for.
+ */
+#ifdef __GLIBC__
+#define OutboxMallocRelease()	((void) malloc_trim(0))
+#else
+#define OutboxMallocRelease()	((void) 0)
+#endif
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+#if defined(__linux__) && defined(MADV_DONTNEED)
+static inline int
+OutboxUnmapRange(void *start, size_t len)
+{
+	const uintptr_t align = 2 * 1024 * 1024;
+	uintptr_t	from = ((uintptr_t) start + align - 1) & ~(align - 1);
+	uintptr_t	to = ((uintptr_t) start + len) & ~(align - 1);
+
+	if (to <= from)
+		return 0;
+	return madvise((void *) from, to - from, MADV_DONTNEED) == 0 ? 0 : errno;
+}
+#else
+#define OutboxUnmapRange(start, len)	ENOSYS
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

@@ -70,6 +70,7 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
@@ -211,6 +212,31 @@ ensure_producer(Relay *r)
 }
 
 /*
+ * release_idle_memory
+ *		Idle past outbox.kafka_idle_timeout, hand back what the drains left
+ *		in the relay: the freed memory malloc keeps for the next page
+ *		(RELAY_MALLOC_KEEP), and the relay's mapping of the shared buffers it
+ *		read.  An idle relay's cost is its wake-ups, and on a virtual machine
+ *		a wake-up costs more the more memory the process maps: after a
+ *		drain of a million events, with 360 MB of shared buffers mapped,
+ *		1.7 ms a wake-up; 0.2 ms once they were unmapped, as for a fresh
+ *		relay.  The buffers stay where they are; the next page read maps
+ *		what it touches again, a minor fault a page.
+ */
+static void
+release_idle_memory(void)
+{
+	int			err;
+
+	OutboxMallocRelease();
+	err = OutboxUnmapRange(BufferBlocks, (Size) NBuffers * BLCKSZ);
+	if (err != 0)
+		ereport(DEBUG1,
+				(errmsg_internal("outbox relay: shared buffers not unmapped: %s",
+								 strerror(err))));
+}
+
+/*
  * close_idle_producer
  *		After outbox.kafka_idle_timeout with nothing to publish, close the
  *		producer: even idle, an open one costs the wake-ups of librdkafka's
@@ -232,6 +258,7 @@ close_idle_producer(Relay *r)
 					outbox_kafka_idle_timeout)));
 	set_producer(r, NULL);
 	r->producer_closed = true;
+	release_idle_memory();
 	/* status(): no producer, so no broker count */
 	OutboxRelayReportInit(&report);
 	report.brokers_up = -1;

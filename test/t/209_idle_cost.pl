@@ -27,6 +27,16 @@ sub threads
 	return $n;
 }
 
+# a field of /proc/PID/status, in kB
+sub status_kb
+{
+	my ($pid, $field) = @_;
+	open(my $fh, '<', "/proc/$pid/status") or die "no /proc/$pid/status: $!";
+	my ($kb) = map { /^\Q$field\E:\s+(\d+)/ ? $1 : () } <$fh>;
+	close $fh;
+	return $kb;
+}
+
 # CPU of the relay process, all its threads (librdkafka's too), in ms
 sub cpu_ms
 {
@@ -69,6 +79,15 @@ my $quiet = $node->safe_psql('postgres',
 wait_for_events($kafka, 'outbox.event.idle', [$quiet], 30);
 pass('the safety poll publishes a row inserted without emit()');
 
+# a drain maps shared buffers into the relay: 20,000 events of 1 kB
+$node->safe_psql('postgres',
+	"SELECT outbox.emit('bulk', (i % 100)::text, 'idle.bulk', jsonb_build_object('pad', repeat('x', 1000))) "
+	  . "FROM generate_series(1, 20000) i");
+$node->poll_query_until('postgres', "SELECT backlog = 0 FROM outbox.status()")
+  or die "the bulk events were not published";
+my $mapped = status_kb($pid, 'RssShmem');
+note "relay RssShmem after the drain: $mapped kB";
+
 # an idle producer is closed after outbox.kafka_idle_timeout
 cmp_ok(threads($pid), '>', 1, 'the relay has librdkafka threads while its producer is open');
 $node->safe_psql('postgres',
@@ -80,6 +99,12 @@ foreach (1 .. 100)
 	usleep(100_000);
 }
 ok($closed, 'after 2 s with nothing to publish the producer is closed: one thread left');
+# and the relay hands back its mapping of the shared buffers: an idle
+# wake-up costs more the more a process maps (virtual machines most)
+my $kept = status_kb($pid, 'RssShmem');
+note "relay RssShmem once closed: $kept kB";
+cmp_ok($kept, '<', $mapped - 15_000,
+	"closed for idleness, the relay unmaps the shared buffers it read ($mapped kB mapped, $kept kB left)");
 is($node->safe_psql('postgres', 'SELECT state, brokers_up IS NULL FROM outbox.status()'),
 	'running|t', 'status(): still running, brokers_up unknown without a producer');
 is($node->safe_psql('postgres', "SELECT status FROM outbox.health()"),
