@@ -342,12 +342,15 @@ typedef bool OutboxUpdateIndexes;
  * (OutboxMallocKeep).  glibc only (malloc_trim); elsewhere a no-op.
  *
  * OutboxUnmapRange(start, len): drop this process's page-table entries for
- * the 2 MB-aligned inside of [start, start + len) of a shared mapping, as
+ * the aligned inside of [start, start + len) of a shared mapping, as
  * madvise(MADV_DONTNEED) does.  For shared anonymous, System V and file
  * mappings the contents stay in the shared object, and the next access maps
  * them again: nothing is lost, nothing changes for other processes.  The
- * 2 MB alignment fits both 4 kB pages and 2 MB huge pages.  Returns 0, or
- * an errno; Linux only (elsewhere ENOSYS), where it is what it is for.
+ * range is first aligned to 2 MB, which fits 4 kB pages and 2 MB huge
+ * pages; if the kernel refuses it (EINVAL: 1 GB huge pages, which need
+ * their own alignment, or a kernel before 5.18, which refuses huge pages
+ * whatever the alignment), it is tried once more aligned to 1 GB.  Returns
+ * 0, or an errno; Linux only (elsewhere ENOSYS), where it is what it is for.
  */
 #ifdef __GLIBC__
 #define OutboxMallocRelease()	((void) malloc_trim(0))
@@ -360,15 +363,24 @@ typedef bool OutboxUpdateIndexes;
 #endif
 #if defined(__linux__) && defined(MADV_DONTNEED)
 static inline int
-OutboxUnmapRange(void *start, size_t len)
+OutboxUnmapAligned(void *start, size_t len, uintptr_t align)
 {
-	const uintptr_t align = 2 * 1024 * 1024;
 	uintptr_t	from = ((uintptr_t) start + align - 1) & ~(align - 1);
 	uintptr_t	to = ((uintptr_t) start + len) & ~(align - 1);
 
 	if (to <= from)
 		return 0;
 	return madvise((void *) from, to - from, MADV_DONTNEED) == 0 ? 0 : errno;
+}
+
+static inline int
+OutboxUnmapRange(void *start, size_t len)
+{
+	int			err = OutboxUnmapAligned(start, len, (uintptr_t) 1 << 21);
+
+	if (err == EINVAL)
+		err = OutboxUnmapAligned(start, len, (uintptr_t) 1 << 30);
+	return err;
 }
 #else
 #define OutboxUnmapRange(start, len)	ENOSYS

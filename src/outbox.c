@@ -289,7 +289,8 @@ define_relay_settings(void)
 	DefineCustomIntVariable("outbox.kafka_idle_timeout",
 							"How long an idle relay keeps its Kafka producer.",
 							"After this long with nothing to publish the relay closes its producer "
-							"(its connections and librdkafka's threads); the next event opens it again. "
+							"(its connections and librdkafka's threads) and hands back the memory its "
+							"drains left mapped; the next event opens it again. "
 							"0 keeps it open.",
 							&outbox_kafka_idle_timeout,
 							OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT, 0, INT_MAX,

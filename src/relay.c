@@ -35,7 +35,9 @@
  *	- The producer is built, and rebuilt after a reload changed its
  *	  settings or a fatal error, in one place (ensure_producer); it is
  *	  closed after outbox.kafka_idle_timeout with nothing to publish
- *	  (close_idle_producer) and built again for the next page to send.
+ *	  (close_idle_producer), which also hands back the memory the drains
+ *	  left mapped (release_idle_memory), and built again for the next page
+ *	  to send.
  *	- Shutdown: once it is asked, the loop takes no new page in hand; the
  *	  page in hand is finished only as far as its delivery reports arrive
  *	  within outbox.shutdown_timeout (none while the database is being
@@ -224,16 +226,24 @@ ensure_producer(Relay *r)
  *		what it touches again, a minor fault a page.
  */
 static void
-release_idle_memory(void)
+release_idle_memory(Relay *r)
 {
 	int			err;
 
 	OutboxMallocRelease();
+	if (r->unmap_refused)
+		return;
 	err = OutboxUnmapRange(BufferBlocks, (Size) NBuffers * BLCKSZ);
 	if (err != 0)
-		ereport(DEBUG1,
-				(errmsg_internal("outbox relay: shared buffers not unmapped: %s",
-								 strerror(err))));
+	{
+		/* refused once, refused always: say it once, then stop asking */
+		r->unmap_refused = true;
+		if (err != ENOSYS)
+			ereport(LOG,
+					(errmsg("outbox relay: its mapping of shared buffers is kept while idle: %s",
+							strerror(err)),
+					 errdetail("madvise(MADV_DONTNEED) was refused; only the idle cost of each wake-up is affected.")));
+	}
 }
 
 /*
@@ -258,7 +268,7 @@ close_idle_producer(Relay *r)
 					outbox_kafka_idle_timeout)));
 	set_producer(r, NULL);
 	r->producer_closed = true;
-	release_idle_memory();
+	release_idle_memory(r);
 	/* status(): no producer, so no broker count */
 	OutboxRelayReportInit(&report);
 	report.brokers_up = -1;

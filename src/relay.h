@@ -181,6 +181,9 @@ typedef struct Relay
 	FullTransactionId batch_seen_next_xid;
 	uint64		replay_seen_completions;
 	bool		replay_seen_valid;
+
+	/* the kernel refused to unmap the shared buffers (release_idle_memory) */
+	bool		unmap_refused;
 } Relay;
 
 /* a report that changes nothing until filled in (OutboxSlotReportRound) */

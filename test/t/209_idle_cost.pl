@@ -37,6 +37,14 @@ sub status_kb
 	return $kb;
 }
 
+# shared memory the relay maps, in kB: small pages (RssShmem) and huge
+# pages (HugetlbPages, when the server got huge_pages)
+sub shared_kb
+{
+	my ($pid) = @_;
+	return status_kb($pid, 'RssShmem') + (status_kb($pid, 'HugetlbPages') // 0);
+}
+
 # CPU of the relay process, all its threads (librdkafka's too), in ms
 sub cpu_ms
 {
@@ -50,7 +58,11 @@ sub cpu_ms
 
 my $kafka = OutboxTest::Broker->start(brokers => 1);
 # a 20 ms safety poll: 1,000 polls in the idle window below
-my $node = outbox_node('idle', $kafka, conf => "outbox.poll_interval = '20ms'");
+# OUTBOX_TEST_HUGE_PAGES=on runs it on huge pages (the kernel must have
+# them reserved: vm.nr_hugepages); otherwise the server's default, try
+my $node = outbox_node('idle', $kafka,
+	conf => "outbox.poll_interval = '20ms'"
+	  . ($ENV{OUTBOX_TEST_HUGE_PAGES} ? "\nhuge_pages = $ENV{OUTBOX_TEST_HUGE_PAGES}" : ''));
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 my ($pid) = wait_for_relay($node, 'postgres', 10);
 ok(defined $pid, 'a relay runs');
@@ -85,8 +97,9 @@ $node->safe_psql('postgres',
 	  . "FROM generate_series(1, 20000) i");
 $node->poll_query_until('postgres', "SELECT backlog = 0 FROM outbox.status()")
   or die "the bulk events were not published";
-my $mapped = status_kb($pid, 'RssShmem');
-note "relay RssShmem after the drain: $mapped kB";
+my $mapped = shared_kb($pid);
+note "relay's shared memory mapped after the drain: $mapped kB (HugetlbPages "
+  . (status_kb($pid, 'HugetlbPages') // 'none') . ")";
 
 # an idle producer is closed after outbox.kafka_idle_timeout
 cmp_ok(threads($pid), '>', 1, 'the relay has librdkafka threads while its producer is open');
@@ -101,8 +114,9 @@ foreach (1 .. 100)
 ok($closed, 'after 2 s with nothing to publish the producer is closed: one thread left');
 # and the relay hands back its mapping of the shared buffers: an idle
 # wake-up costs more the more a process maps (virtual machines most)
-my $kept = status_kb($pid, 'RssShmem');
-note "relay RssShmem once closed: $kept kB";
+my $kept = shared_kb($pid);
+note "relay's shared memory mapped once closed: $kept kB (HugetlbPages "
+  . (status_kb($pid, 'HugetlbPages') // 'none') . ")";
 cmp_ok($kept, '<', $mapped - 15_000,
 	"closed for idleness, the relay unmaps the shared buffers it read ($mapped kB mapped, $kept kB left)");
 is($node->safe_psql('postgres', 'SELECT state, brokers_up IS NULL FROM outbox.status()'),
