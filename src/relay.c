@@ -219,10 +219,10 @@ ensure_producer(Relay *r)
  *		in the relay: the freed memory malloc keeps for the next page
  *		(RELAY_MALLOC_KEEP), and the relay's mapping of the shared buffers it
  *		read.  An idle relay's cost is its wake-ups, and on a virtual machine
- *		a wake-up costs more the more memory the process maps: after a
- *		drain of a million events, with 360 MB of shared buffers mapped,
- *		1.7 ms a wake-up; 0.2 ms once they were unmapped, as for a fresh
- *		relay.  The buffers stay where they are; the next page read maps
+ *		a wake-up costs more the more memory the process maps: after the
+ *		benchmark's emit section, with 367 MB of shared buffers mapped,
+ *		1.7 to 2.0 ms a wake-up; 0.3 ms once they were unmapped, about as
+ *		for a fresh relay (README, Benchmarks).  The buffers stay where they are; the next page read maps
  *		what it touches again, a minor fault a page.
  */
 static void
