@@ -222,8 +222,9 @@ ensure_producer(Relay *r)
  *		a wake-up costs more the more memory the process maps: after the
  *		benchmark's emit section, with 367 MB of shared buffers mapped,
  *		1.7 to 2.0 ms a wake-up; 0.3 ms once they were unmapped, about as
- *		for a fresh relay (README, Benchmarks).  The buffers stay where they are; the next page read maps
- *		what it touches again, a minor fault a page.
+ *		for a fresh relay (README, Benchmarks).  The buffers stay where
+ *		they are; the next page read maps what it touches again, a minor
+ *		fault a page.
  */
 static void
 release_idle_memory(Relay *r)

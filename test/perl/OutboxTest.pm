@@ -53,6 +53,7 @@ our @EXPORT = qw(
   wait_for_no_relay
   wait_for_log_match
   poll_until
+  proc_status_kb
   relay_state_is
   query_json
   insert_event_sql
@@ -471,6 +472,24 @@ sub try_psql
 
 	return @r if @r;
 	return (1, '', "psql gave up: $@");
+}
+
+=pod
+
+=item proc_status_kb(pid, field)
+
+A field of /proc/pid/status counted in kB (RssAnon, RssShmem,
+HugetlbPages, ...); undef if the process or the field is not there.
+
+=cut
+
+sub proc_status_kb
+{
+	my ($pid, $field) = @_;
+	open(my $fh, '<', "/proc/$pid/status") or return undef;
+	my ($kb) = join('', <$fh>) =~ /^\Q$field\E:\s+(\d+) kB/m;
+	close $fh;
+	return $kb;
 }
 
 =pod

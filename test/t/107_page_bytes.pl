@@ -63,13 +63,7 @@ for (my $from = 1; $from <= $events; $from += 100)
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.events'),
 	$events, "$events events of ~900 kB are waiting");
 
-sub rss_anon_kb
-{
-	open(my $fh, '<', "/proc/$pid/status") or return undef;
-	my ($kb) = join('', <$fh>) =~ /^RssAnon:\s+(\d+) kB/m;
-	close $fh;
-	return $kb;
-}
+sub rss_anon_kb { return proc_status_kb($pid, 'RssAnon'); }
 
 my $idle_kb = rss_anon_kb();
 ok(defined $idle_kb, "the relay's anonymous memory can be read");

@@ -56,13 +56,7 @@ ok(defined $pid, 'the relay runs');
 $node->safe_psql('postgres', "SELECT outbox.emit('mem', '1', 'mem.made', '{}')");
 wait_for_messages($kafka, 'outbox.event.mem', 1);
 
-sub rss_anon_kb
-{
-	open(my $fh, '<', "/proc/$pid/status") or return undef;
-	my ($kb) = join('', <$fh>) =~ /^RssAnon:\s+(\d+) kB/m;
-	close $fh;
-	return $kb;
-}
+sub rss_anon_kb { return proc_status_kb($pid, 'RssAnon'); }
 
 # the server log, read as it grows
 open(my $log, '<', $node->logfile) or die "log: $!";

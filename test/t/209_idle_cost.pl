@@ -27,22 +27,12 @@ sub threads
 	return $n;
 }
 
-# a field of /proc/PID/status, in kB
-sub status_kb
-{
-	my ($pid, $field) = @_;
-	open(my $fh, '<', "/proc/$pid/status") or die "no /proc/$pid/status: $!";
-	my ($kb) = map { /^\Q$field\E:\s+(\d+)/ ? $1 : () } <$fh>;
-	close $fh;
-	return $kb;
-}
-
 # shared memory the relay maps, in kB: small pages (RssShmem) and huge
 # pages (HugetlbPages, when the server got huge_pages)
 sub shared_kb
 {
 	my ($pid) = @_;
-	return status_kb($pid, 'RssShmem') + (status_kb($pid, 'HugetlbPages') // 0);
+	return proc_status_kb($pid, 'RssShmem') + (proc_status_kb($pid, 'HugetlbPages') // 0);
 }
 
 # CPU of the relay process, all its threads (librdkafka's too), in ms
@@ -99,7 +89,7 @@ $node->poll_query_until('postgres', "SELECT backlog = 0 FROM outbox.status()")
   or die "the bulk events were not published";
 my $mapped = shared_kb($pid);
 note "relay's shared memory mapped after the drain: $mapped kB (HugetlbPages "
-  . (status_kb($pid, 'HugetlbPages') // 'none') . ")";
+  . (proc_status_kb($pid, 'HugetlbPages') // 'none') . ")";
 
 # an idle producer is closed after outbox.kafka_idle_timeout
 cmp_ok(threads($pid), '>', 1, 'the relay has librdkafka threads while its producer is open');
@@ -116,7 +106,7 @@ ok($closed, 'after 2 s with nothing to publish the producer is closed: one threa
 # wake-up costs more the more a process maps (virtual machines most)
 my $kept = shared_kb($pid);
 note "relay's shared memory mapped once closed: $kept kB (HugetlbPages "
-  . (status_kb($pid, 'HugetlbPages') // 'none') . ")";
+  . (proc_status_kb($pid, 'HugetlbPages') // 'none') . ")";
 cmp_ok($kept, '<', $mapped - 15_000,
 	"closed for idleness, the relay unmaps the shared buffers it read ($mapped kB mapped, $kept kB left)");
 is($node->safe_psql('postgres', 'SELECT state, brokers_up IS NULL FROM outbox.status()'),
