@@ -18,6 +18,9 @@ SELECT bool_and(a < b) AS strictly_increasing
 SELECT abs(extract(epoch FROM clock_timestamp()) * 1000
            - ('x' || translate(left(outbox.uuid_v7()::text, 13), '-', ''))::bit(48)::bigint) < 5000
        AS timestamp_is_now;
+-- the random tail (62 bits, drawn 64 ids at a time) is never handed out twice
+SELECT count(DISTINCT right(u::text, 17)) AS distinct_random_tails
+  FROM (SELECT outbox.uuid_v7() AS u FROM generate_series(1, 1000)) s;
 
 -- seq: per aggregate, gapless; a rollback consumes no number
 SELECT outbox.emit('order', '42', 'order.paid', '{}') IS NOT NULL AS emitted;
