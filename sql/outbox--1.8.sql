@@ -825,8 +825,12 @@ REVOKE ALL ON FUNCTION outbox.inbox_cleanup(integer) FROM PUBLIC;
  * next offset is never applied again.  Rows are written by subscribe() and
  * unsubscribe(); the statement trigger tells the launcher at commit, so a
  * restore or a superuser's own INSERT starts workers too.  The dedupe rows
- * of a group are those of consumer 'outbox:<group>', a name consume_once()
- * refuses (below), so no consume_once() caller can forge or share them.
+ * of a group are those of consumer 'outbox;<group>', a name consume_once()
+ * refuses (below), so no consume_once() caller can forge or share them;
+ * their event_id is a hash of the message's topic, origin header and id,
+ * so no writer can suppress another topic's or database's events by
+ * choosing their ids.  (Rows of consumer 'outbox:<group>' are the unscoped
+ * ones written before 1.8, consulted until they age out.)
  */
 CREATE TABLE outbox.subscriptions (
 	name			text PRIMARY KEY
@@ -835,7 +839,7 @@ CREATE TABLE outbox.subscriptions (
 	topics			text[] NOT NULL
 		CONSTRAINT subscription_topics_present
 		CHECK (pg_catalog.cardinality(topics) OPERATOR(pg_catalog.>=) 1),
-	handler			text NOT NULL,
+	handler			regprocedure NOT NULL,
 	owner			regrole NOT NULL,
 	group_id		text NOT NULL,
 	start_from		text NOT NULL DEFAULT 'earliest'
@@ -850,12 +854,15 @@ CREATE TABLE outbox.subscriptions (
 	batch_size		integer NOT NULL DEFAULT 500
 		CONSTRAINT subscription_batch_size
 		CHECK (batch_size OPERATOR(pg_catalog.>=) 1 AND batch_size OPERATOR(pg_catalog.<=) 10000),
-	created_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
+	created_at		timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	handler_owner	regrole NOT NULL
 );
 COMMENT ON TABLE outbox.subscriptions IS
 	'Kafka topics a background worker applies to this database through a handler; written by subscribe() and unsubscribe()';
 COMMENT ON COLUMN outbox.subscriptions.handler IS
-	'The function called once per message, as regprocedure text: it takes one outbox.inbound_message';
+	'The function called once per message, bound by OID: it takes one outbox.inbound_message; dropping it is refused while the subscription exists';
+COMMENT ON COLUMN outbox.subscriptions.handler_owner IS
+	'The handler''s owner when subscribe() ran; the worker refuses to run a handler whose owner has changed since';
 COMMENT ON COLUMN outbox.subscriptions.owner IS
 	'The role the handler runs as: the role that called subscribe()';
 COMMENT ON COLUMN outbox.subscriptions.max_attempts IS
@@ -1112,7 +1119,7 @@ REVOKE ALL ON FUNCTION outbox.inbox_discard(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_status() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_lag() FROM PUBLIC;
 
-/* consumer names starting with 'outbox:' belong to the subscriptions */
+/* consumer names starting with 'outbox:' or 'outbox;' belong to the subscriptions */
 CREATE OR REPLACE FUNCTION outbox.consume_once(consumer text, event_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1133,8 +1140,8 @@ BEGIN
 		RAISE EXCEPTION 'consumer must be at most 200 characters'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF pg_catalog.left(consume_once.consumer, 7) OPERATOR(pg_catalog.=) 'outbox:' THEN
-		RAISE EXCEPTION 'consumer names starting with "outbox:" belong to subscriptions'
+	IF pg_catalog.left(consume_once.consumer, 7) OPERATOR(pg_catalog.=) ANY (ARRAY['outbox:', 'outbox;']) THEN
+		RAISE EXCEPTION 'consumer names starting with "outbox:" or "outbox;" belong to subscriptions'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	INSERT INTO outbox.inbox (consumer, event_id)
@@ -1143,3 +1150,69 @@ BEGIN
 	RETURN FOUND;
 END
 $$;
+
+/*
+ * Consumer groups and who owns them (1.8).  A group's offsets, dedupe rows
+ * and dead letters outlive its subscriptions (subscribing again resumes),
+ * so the group stays its first subscriber's for as long as that state may
+ * exist: subscribe() in a group is for the roles whose privileges include
+ * its owner's, whether or not a subscription of it is left.
+ * unsubscribe(name, purge => true) of a group's last subscription removes
+ * the group and all its state, which frees its name.
+ */
+CREATE TABLE outbox.inbox_groups (
+	group_id		text PRIMARY KEY,
+	owner			regrole NOT NULL,
+	created_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE outbox.inbox_groups IS
+	'Each consumer group with state in this database and the role that owns it; only roles with its owner''s privileges may subscribe in it';
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_groups', '');
+REVOKE ALL ON outbox.inbox_groups FROM PUBLIC;
+
+CREATE FUNCTION outbox.unsubscribe(name text, purge boolean)
+RETURNS boolean
+LANGUAGE c VOLATILE STRICT
+AS 'MODULE_PATHNAME', 'outbox_unsubscribe';
+COMMENT ON FUNCTION outbox.unsubscribe(text, boolean) IS
+	'Removes a subscription; with purge, also its consumer group''s offsets, dedupe rows and dead letters, when no other subscription uses the group';
+REVOKE ALL ON FUNCTION outbox.unsubscribe(text, boolean) FROM PUBLIC;
+
+/*
+ * A subscription holds its handler by OID.  Dropping the function would
+ * leave the name free for whoever may create functions in its schema, and
+ * a look-up by name would then run their code as the subscriber: the drop
+ * is refused instead (CREATE OR REPLACE keeps the OID and is allowed).
+ * SECURITY DEFINER: the dropping role need not see outbox.subscriptions.
+ */
+CREATE FUNCTION outbox.refuse_handler_drop()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	d record;
+BEGIN
+	IF pg_catalog.to_regclass('outbox.subscriptions') IS NULL THEN
+		RETURN;
+	END IF;
+	FOR d IN
+		SELECT o.object_identity, s.name
+		  FROM pg_catalog.pg_event_trigger_dropped_objects() o
+		  JOIN outbox.subscriptions s ON s.handler::pg_catalog.oid OPERATOR(pg_catalog.=) o.objid
+		 WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+		 ORDER BY s.name LIMIT 1
+	LOOP
+		RAISE EXCEPTION 'cannot drop function % because subscription "%" uses it as its handler',
+			d.object_identity, d.name
+			USING ERRCODE = 'dependent_objects_still_exist',
+				  HINT = pg_catalog.format('Call outbox.unsubscribe(%L) first, or change the function with CREATE OR REPLACE FUNCTION, which the subscription keeps.', d.name);
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION outbox.refuse_handler_drop() IS
+	'Event trigger: refuses to drop a function that a subscription uses as its handler';
+REVOKE ALL ON FUNCTION outbox.refuse_handler_drop() FROM PUBLIC;
+CREATE EVENT TRIGGER outbox_refuse_handler_drop ON sql_drop
+	EXECUTE FUNCTION outbox.refuse_handler_drop();

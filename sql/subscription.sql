@@ -7,7 +7,8 @@ CREATE ROLE outbox_sub_nobody;
 CREATE SCHEMA subs;
 GRANT USAGE ON SCHEMA outbox, subs TO outbox_sub_app, outbox_sub_other, outbox_sub_nobody;
 GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, text, integer, text, integer),
-	outbox.unsubscribe(text), outbox.subscription_status() TO outbox_sub_app, outbox_sub_other;
+	outbox.unsubscribe(text), outbox.unsubscribe(text, boolean), outbox.subscription_status()
+	TO outbox_sub_app, outbox_sub_other;
 CREATE FUNCTION subs.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 CREATE FUNCTION subs.secret(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 REVOKE ALL ON FUNCTION subs.secret(outbox.inbound_message) FROM PUBLIC;
@@ -81,8 +82,20 @@ RESET ROLE;
 GRANT EXECUTE ON FUNCTION outbox.consume_once(text, uuid) TO outbox_sub_other;
 SET ROLE outbox_sub_other;
 SELECT t.err($$SELECT outbox.consume_once('outbox:s', 'f0000000-0000-7000-8000-000000000001')$$);
+SELECT t.err($$SELECT outbox.consume_once('outbox;s', 'f0000000-0000-7000-8000-000000000001')$$);
 SELECT outbox.consume_once('outbox-s', 'f0000000-0000-7000-8000-000000000001') AS other_names_work;
 RESET ROLE;
+
+-- a handler in use cannot be dropped (a same-named function planted after
+-- the drop would run as the subscriber); CREATE OR REPLACE keeps it
+SELECT t.err($$DROP FUNCTION subs.apply(outbox.inbound_message)$$);
+SELECT t.err($$DROP SCHEMA subs CASCADE$$);
+CREATE OR REPLACE FUNCTION subs.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT 1 $$;
+SELECT name, handler, handler_owner FROM outbox.subscriptions ORDER BY name;
+-- the subscription holds the function by OID, not by name
+ALTER FUNCTION subs.apply(outbox.inbound_message) RENAME TO apply_renamed;
+SELECT name, handler FROM outbox.subscriptions ORDER BY name;
+ALTER FUNCTION subs.apply_renamed(outbox.inbound_message) RENAME TO apply;
 
 -- the owner unsubscribes; a second time there is nothing to remove
 SET ROLE outbox_sub_app;
@@ -90,11 +103,32 @@ SELECT outbox.unsubscribe('s');
 SELECT outbox.unsubscribe('s');
 RESET ROLE;
 SELECT name, owner FROM outbox.subscriptions;
+-- the group outlives its subscriptions: still not for another role to take
+SELECT group_id, owner FROM outbox.inbox_groups ORDER BY group_id;
+SET ROLE outbox_sub_other;
+SELECT t.err($$SELECT outbox.subscribe('s4', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's')$$);
+RESET ROLE;
 -- the owner joins its own group
 SET ROLE outbox_sub_other;
 SELECT outbox.subscribe('s3', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's2');
 SELECT name, owner, group_id FROM outbox.subscriptions ORDER BY name;
+-- purging a group another subscription still uses is refused
+SELECT t.err($$SELECT outbox.unsubscribe('s3', purge => true)$$);
 SELECT outbox.unsubscribe('s3');
+RESET ROLE;
+-- the first owner purges its group: its state goes, and its name is free
+INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset) VALUES ('s', 'orders', 0, 7);
+INSERT INTO outbox.inbox (consumer, event_id) VALUES ('outbox;s', 'f0000000-0000-7000-8000-000000000002');
+SET ROLE outbox_sub_app;
+SELECT outbox.subscribe('s', ARRAY['orders'], 'subs.apply(outbox.inbound_message)');
+SELECT outbox.unsubscribe('s', purge => true);
+RESET ROLE;
+SELECT (SELECT count(*) FROM outbox.inbox_offsets WHERE consumer_group = 's') AS offsets,
+	   (SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox;s') AS dedupe,
+	   (SELECT count(*) FROM outbox.inbox_groups WHERE group_id = 's') AS groups;
+SET ROLE outbox_sub_other;
+SELECT outbox.subscribe('s4', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's');
+SELECT outbox.unsubscribe('s4', purge => true);
 RESET ROLE;
 SELECT t.err($$SELECT outbox.inbox_replay('s2', 42)$$);
 SELECT outbox.inbox_replay('s2');

@@ -49,8 +49,10 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
+#include "common/cryptohash.h"
 #include "common/hashfn.h"
 #include "common/pg_prng.h"
+#include "common/sha2.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
@@ -129,11 +131,14 @@ typedef struct Subscription
 	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
 	char	  **topics;
 	int			ntopics;
-	Oid			handler;
+	Oid			handler;		/* bound by OID: never looked up by name */
+	Oid			handler_owner;	/* its owner at subscribe(): must not change */
 	Oid			owner;
 	char	   *group_id;
 	char	   *kafka_group;	/* the Kafka group.id: see load_subscription */
-	char	   *dedupe_name;	/* its consumer in outbox.inbox */
+	char	   *dedupe_name;	/* its consumer in outbox.inbox: see dedupe_key */
+	char	   *legacy_name;	/* the consumer of 1.7's unscoped rows */
+	bool		legacy_rows;	/* the group had some when the worker started */
 	bool		earliest;
 	int			max_attempts;	/* 0: outbox.max_attempts */
 	bool		block;
@@ -150,7 +155,8 @@ typedef struct Worker
 	TimestampTz consumer_retry_at;
 	int			event_pipe[2];
 	WaitEventSet *wait_set;
-	FmgrInfo	handler;
+	FmgrInfo	handler;		/* made again in each transaction (batch_cxt) */
+	bool		refused;		/* the owner may no longer run the handler */
 	TupleDesc	tupdesc;		/* outbox.inbound_message */
 	Oid			typid;
 	Part	  **parts;			/* partitions assigned or met (each palloc'd) */
@@ -164,6 +170,7 @@ typedef struct Worker
 	SPIPlanPtr	plan_insert_offset;
 	SPIPlanPtr	plan_update_offset;
 	SPIPlanPtr	plan_dedupe;
+	SPIPlanPtr	plan_legacy;
 	SPIPlanPtr	plan_dead;
 } Worker;
 
@@ -238,6 +245,10 @@ prepare_plans(Worker *w)
 							 "INSERT INTO outbox.inbox (consumer, event_id) VALUES ($1, $2)"
 							 " ON CONFLICT DO NOTHING",
 							 2, dedupe_types, "the dedupe insert");
+	w->plan_legacy = OutboxStorePrepare(
+							 "SELECT 1 FROM outbox.inbox i WHERE i.consumer OPERATOR(pg_catalog.=) $1"
+							 " AND i.event_id OPERATOR(pg_catalog.=) $2",
+							 2, dedupe_types, "the dedupe look-up");
 	w->plan_dead = OutboxStorePrepare(
 						   "INSERT INTO outbox.inbox_dead_letters (consumer_group, topic, kafka_partition,"
 						   " kafka_offset, key, event_id, state, blocked_by, attempts, last_error,"
@@ -245,6 +256,76 @@ prepare_plans(Worker *w)
 						   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
 						   " ON CONFLICT (consumer_group, topic, kafka_partition, kafka_offset) DO NOTHING",
 						   14, dead_types, "the dead letter insert");
+}
+
+/*
+ * handler_problem
+ *		Why the subscription's owner may not run its handler now, or NULL:
+ *		the owner is gone, the function is gone (it is never looked up
+ *		again by name), it is no longer a handler, its owner changed since
+ *		subscribe(), or the owner lost EXECUTE on it.  Reads the catalogs
+ *		as they are in the caller's transaction.
+ */
+static char *
+handler_problem(Worker *w)
+{
+	Subscription *s = &w->sub;
+	char	   *problem;
+	Oid			proowner = InvalidOid;
+
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(s->owner)))
+		return psprintf("the role that owns the subscription (OID %u) no longer exists", s->owner);
+	if (!OutboxCheckHandler(s->handler, w->typid, &proowner, &problem))
+		return problem;
+	if (proowner != s->handler_owner)
+		return psprintf("the owner of handler %s changed since subscribe() (from role OID %u to %u): subscribe again to run it as it is now",
+						format_procedure_qualified(s->handler), s->handler_owner, proowner);
+	if (!OutboxRoleMayExecute(s->owner, s->handler))
+	{
+		char	   *role = GetUserNameFromId(s->owner, true);
+
+		return psprintf("role \"%s\" may not execute handler %s", role ? role : "?",
+						format_procedure_qualified(s->handler));
+	}
+	return NULL;
+}
+
+/*
+ * check_handler
+ *		At the start of each transaction that calls the handler: ERROR
+ *		(the worker stops, and waits for the subscription to change) when
+ *		handler_problem() finds one; else the call info is made again, so
+ *		that a change of the function (SECURITY DEFINER or INVOKER, its
+ *		body) is seen by the next transaction, not at the worker's next
+ *		start.  It lives in batch_cxt, reset before the next one.
+ */
+static void
+check_handler(Worker *w)
+{
+	char	   *problem = handler_problem(w);
+
+	if (problem != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox subscription \"%s\" may not run its handler: %s",
+						w->sub.name, problem),
+				 errdetail("The worker stops; it waits for the subscription to change.")));
+	w->refused = false;
+	fmgr_info_cxt(w->sub.handler, &w->handler, w->batch_cxt);
+}
+
+/* whether the group has dedupe rows of before 1.8, not scoped (see dedupe_key) */
+static bool
+has_legacy_rows(Worker *w)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1];
+
+	args[0] = CStringGetTextDatum(w->sub.legacy_name);
+	if (SPI_execute_with_args("SELECT 1 FROM outbox.inbox i WHERE i.consumer OPERATOR(pg_catalog.=) $1 LIMIT 1",
+							  1, types, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the dedupe rows failed");
+	return SPI_processed > 0;
 }
 
 /*
@@ -268,7 +349,6 @@ load_subscription(Worker *w, const char *name, char **problem)
 	ArrayType  *arr;
 	Datum	   *elems;
 	int			i;
-	char	   *handler_text;
 	MemoryContext old;
 
 	*problem = NULL;
@@ -278,8 +358,9 @@ load_subscription(Worker *w, const char *name, char **problem)
 		return false;
 	args[0] = CStringGetTextDatum(name);
 	ret = SPI_execute_with_args(
-								"SELECT s.topics, s.handler, s.owner::pg_catalog.oid, s.group_id, s.start_from,"
-								" s.max_attempts, s.poison_policy, s.batch_size"
+								"SELECT s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid, s.group_id,"
+								" s.start_from, s.max_attempts, s.poison_policy, s.batch_size,"
+								" s.handler_owner::pg_catalog.oid"
 								" FROM outbox.subscriptions s WHERE s.name OPERATOR(pg_catalog.=) $1",
 								1, argtypes, args, NULL, true, 1);
 	if (ret != SPI_OK_SELECT)
@@ -297,7 +378,8 @@ load_subscription(Worker *w, const char *name, char **problem)
 	s->topics = palloc(sizeof(char *) * s->ntopics);
 	for (i = 0; i < s->ntopics; i++)
 		s->topics[i] = TextDatumGetCString(elems[i]);
-	handler_text = TextDatumGetCString(SPI_getbinval(tup, desc, 2, &isnull));
+	s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
+	s->handler_owner = DatumGetObjectId(SPI_getbinval(tup, desc, 9, &isnull));
 	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
 	s->group_id = TextDatumGetCString(SPI_getbinval(tup, desc, 4, &isnull));
 
@@ -310,8 +392,9 @@ load_subscription(Worker *w, const char *name, char **problem)
 	s->kafka_group = psprintf("outbox.%llu.%u.%s",
 							  (unsigned long long) GetSystemIdentifier(),
 							  MyDatabaseId, s->group_id);
-	/* consume_once() refuses names starting with "outbox:" */
-	s->dedupe_name = psprintf("outbox:%s", s->group_id);
+	/* consume_once() refuses names starting with "outbox:" or "outbox;" */
+	s->dedupe_name = psprintf("outbox;%s", s->group_id);
+	s->legacy_name = psprintf("outbox:%s", s->group_id);
 	s->earliest = strcmp(TextDatumGetCString(SPI_getbinval(tup, desc, 5, &isnull)), "earliest") == 0;
 	d = SPI_getbinval(tup, desc, 6, &isnull);
 	s->max_attempts = isnull ? 0 : DatumGetInt32(d);
@@ -324,17 +407,10 @@ load_subscription(Worker *w, const char *name, char **problem)
 	w->tupdesc = lookup_rowtype_tupdesc_copy(w->typid, -1);
 	MemoryContextSwitchTo(old);
 
-	/* the handler, as the owner may run it */
-	s->handler = OutboxResolveHandler(handler_text, w->typid, problem);
-	if (s->handler != InvalidOid &&
-		!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(s->owner)))
-		*problem = psprintf("the role that owns the subscription (OID %u) no longer exists", s->owner);
-	else if (s->handler != InvalidOid && !OutboxRoleMayExecute(s->owner, s->handler))
-		*problem = psprintf("role \"%s\" may not execute handler %s",
-							GetUserNameFromId(s->owner, true) ? GetUserNameFromId(s->owner, true) : "?",
-							handler_text);
-	if (*problem == NULL)
-		fmgr_info_cxt(s->handler, &w->handler, w->cxt);
+	*problem = handler_problem(w);
+	if (*problem != NULL)
+		*problem = MemoryContextStrdup(w->cxt, *problem);
+	s->legacy_rows = *problem == NULL && has_legacy_rows(w);
 	return true;
 }
 
@@ -666,40 +742,114 @@ message_datum(Worker *w, const OutboxInbound *m, bool payload)
 }
 
 /*
- * dead_letter_datum
- *		The composite a dead letter keeps, payload parsed when that works:
- *		a value that makes the JSON parser ERROR is kept with payload NULL.
+ * ---- Subtransactions ----
  */
-static Datum
-dead_letter_datum(Worker *w, const OutboxInbound *m)
+
+typedef struct Failure
+{
+	char	   *message;
+	char		sqlstate[6];
+} Failure;
+
+typedef void (*SubxactBody) (Worker *w, void *arg);
+
+/*
+ * failure_text
+ *		The error as a dead letter and subscription_status() keep it.  A
+ *		name the handler did not qualify is not found under its empty
+ *		search_path, and the error alone does not say why.
+ */
+static char *
+failure_text(const ErrorData *edata)
+{
+	if (edata->sqlerrcode == ERRCODE_UNDEFINED_TABLE ||
+		edata->sqlerrcode == ERRCODE_UNDEFINED_FUNCTION ||
+		edata->sqlerrcode == ERRCODE_UNDEFINED_OBJECT)
+		return psprintf("%s (hint: a handler runs with an empty search_path: "
+						"qualify every table, function and type it names with its schema, "
+						"as in public.my_table)", edata->message);
+	return pstrdup(edata->message);
+}
+
+/*
+ * in_subxact
+ *		Run body in a subtransaction of its own.  True when it ended
+ *		without an error; else it is rolled back and f, when given, gets
+ *		the error.  An error because the owner lost the right to run the
+ *		handler (w->refused) is raised again: it ends the transaction and
+ *		the worker, and costs no message an attempt.
+ */
+static bool
+in_subxact(Worker *w, SubxactBody body, void *arg, Failure *f)
 {
 	MemoryContext old = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
-	volatile Datum result = (Datum) 0;
+	volatile bool ok = true;
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(old);
 	PG_TRY();
 	{
-		result = message_datum(w, m, true);
+		body(w, arg);
 		ReleaseCurrentSubTransaction();
 	}
 	PG_CATCH();
 	{
+		ErrorData  *edata;
+
+		if (w->refused)
+			PG_RE_THROW();
 		MemoryContextSwitchTo(old);
+		edata = CopyErrorData();
 		FlushErrorState();
 		RollbackAndReleaseCurrentSubTransaction();
-		result = (Datum) 0;
+		if (f != NULL)
+		{
+			f->message = failure_text(edata);
+			strlcpy(f->sqlstate, unpack_sql_state(edata->sqlerrcode), sizeof(f->sqlstate));
+		}
+		FreeErrorData(edata);
+		ok = false;
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(old);
 	CurrentResourceOwner = owner;
-	return result != (Datum) 0 ? result : message_datum(w, m, false);
+	return ok;
 }
 
-/* the message's uuid field from its composite, or NULL */
+/*
+ * dead_letter_datum
+ *		The composite a dead letter keeps, payload parsed when that works:
+ *		a value that makes the JSON parser ERROR is kept with payload NULL.
+ */
+typedef struct DatumBuild
+{
+	const OutboxInbound *m;
+	Datum		result;
+} DatumBuild;
+
+static void
+build_with_payload(Worker *w, void *arg)
+{
+	DatumBuild *b = (DatumBuild *) arg;
+
+	b->result = message_datum(w, b->m, true);
+}
+
 static Datum
-message_event_id(Worker *w, Datum message, bool *isnull)
+dead_letter_datum(Worker *w, const OutboxInbound *m)
+{
+	DatumBuild	b;
+
+	b.m = m;
+	if (in_subxact(w, build_with_payload, &b, NULL))
+		return b.result;
+	return message_datum(w, m, false);
+}
+
+/* attribute attno of a composite datum (an outbox.inbound_message) */
+static Datum
+message_attr(Worker *w, Datum message, int attno, bool *isnull)
 {
 	HeapTupleHeader th = DatumGetHeapTupleHeader(message);
 	HeapTupleData tmp;
@@ -708,13 +858,91 @@ message_event_id(Worker *w, Datum message, bool *isnull)
 	ItemPointerSetInvalid(&(tmp.t_self));
 	tmp.t_tableOid = InvalidOid;
 	tmp.t_data = th;
-	return heap_getattr(&tmp, 10, w->tupdesc, isnull);
+	return heap_getattr(&tmp, attno, w->tupdesc, isnull);
+}
+
+/* the message's uuid field from its composite, or NULL */
+static Datum
+message_event_id(Worker *w, Datum message, bool *isnull)
+{
+	return message_attr(w, message, 10, isnull);
+}
+
+/*
+ * dedupe_key
+ *		The key of a message's dedupe row: its event id, scoped by its
+ *		topic and its origin header (the database the relay sent it from),
+ *		as a SHA-256 of the three cut to a UUID (version 8).  A writer that
+ *		chooses the id of another topic's or database's event does not
+ *		suppress it.  Read from the composite, so that a replayed dead
+ *		letter gets the key its first try would have.
+ */
+static Datum
+dedupe_key(Worker *w, Datum message, Datum id)
+{
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	bool		isnull;
+	char	   *topic = TextDatumGetCString(message_attr(w, message, 2, &isnull));
+	Datum		headers = message_attr(w, message, 7, &isnull);
+	JsonbValue *origin = NULL;
+	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	pg_uuid_t  *key = palloc(sizeof(pg_uuid_t));
+
+	if (!isnull)
+		origin = getKeyJsonValueFromContainer(&DatumGetJsonbP(headers)->root,
+											  "origin", 6, NULL);
+	if (origin != NULL && origin->type != jbvString)
+		origin = NULL;
+	if (ctx == NULL || pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) topic, strlen(topic) + 1) < 0 ||
+		(origin != NULL &&
+		 pg_cryptohash_update(ctx, (const uint8 *) origin->val.string.val,
+							  origin->val.string.len) < 0) ||
+		pg_cryptohash_update(ctx, (const uint8 *) "", 1) < 0 ||
+		pg_cryptohash_update(ctx, DatumGetUUIDP(id)->data, UUID_LEN) < 0 ||
+		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+		elog(ERROR, "could not compute a dedupe key");
+	pg_cryptohash_free(ctx);
+	memcpy(key->data, digest, UUID_LEN);
+	key->data[6] = (key->data[6] & 0x0f) | 0x80;
+	key->data[8] = (key->data[8] & 0x3f) | 0x80;
+	return UUIDPGetDatum(key);
+}
+
+/*
+ * is_duplicate
+ *		Insert the message's dedupe row; true when it was there already.
+ *		The group's rows of before 1.8 hold bare ids: while the group has
+ *		any (they age out with outbox.inbox_retention), one of them counts
+ *		too.
+ */
+static bool
+is_duplicate(Worker *w, Datum message, Datum id)
+{
+	Datum		args[2];
+
+	args[0] = CStringGetTextDatum(w->sub.dedupe_name);
+	args[1] = dedupe_key(w, message, id);
+	if (SPI_execute_plan(w->plan_dedupe, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "inserting the dedupe row failed");
+	if (SPI_processed == 0)
+		return true;
+	if (!w->sub.legacy_rows)
+		return false;
+	args[0] = CStringGetTextDatum(w->sub.legacy_name);
+	args[1] = id;
+	if (SPI_execute_plan(w->plan_legacy, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the dedupe rows failed");
+	return SPI_processed > 0;
 }
 
 /*
  * apply_message
  *		Dedupe and hand one message to the handler, in the current
  *		(sub)transaction.  Returns false for a duplicate.  Errors propagate.
+ *		Right before the call,
+ *		the owner's right to run the handler is checked again: losing it
+ *		stops the worker (w->refused), it is not the message's failure.
  */
 static bool
 apply_message(Worker *w, Datum message)
@@ -725,16 +953,17 @@ apply_message(Worker *w, Datum message)
 	int			save_sec;
 	int			save_nestlevel;
 
-	if (!isnull)
+	if (!isnull && is_duplicate(w, message, id))
+		return false;
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(w->sub.owner)) ||
+		!OutboxRoleMayExecute(w->sub.owner, w->sub.handler))
 	{
-		Datum		args[2];
-
-		args[0] = CStringGetTextDatum(w->sub.dedupe_name);
-		args[1] = id;
-		if (SPI_execute_plan(w->plan_dedupe, args, NULL, false, 0) != SPI_OK_INSERT)
-			elog(ERROR, "inserting the dedupe row failed");
-		if (SPI_processed == 0)
-			return false;
+		w->refused = true;
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox subscription \"%s\": its owner may no longer execute its handler",
+						w->sub.name),
+				 errdetail("The worker stops; it waits for the subscription to change.")));
 	}
 
 	CommandCounterIncrement();
@@ -942,11 +1171,54 @@ held_back(BatchPart *bp, const OutboxInbound *m)
 	return false;
 }
 
-typedef struct Failure
+/* what try_all's and try_one's subtransactions work on */
+typedef struct BatchWork
 {
-	char	   *message;
-	char		sqlstate[6];
-} Failure;
+	OutboxInbound *msgs;
+	int			n;
+	Outcome    *out;
+	int64	   *heads;
+	BatchPart  *bps;
+	int			nbps;
+	const OutboxInbound *one;
+	Outcome		one_out;
+} BatchWork;
+
+static void
+apply_all(Worker *w, void *arg)
+{
+	BatchWork  *bw = (BatchWork *) arg;
+	int			i;
+
+	for (i = 0; i < bw->n; i++)
+	{
+		OutboxInbound *m = &bw->msgs[i];
+		BatchPart  *bp = batch_part(bw->bps, bw->nbps, m);
+		ParkedKey  *pk;
+
+		if (m->offset < bp->next)
+		{
+			bw->out[i] = OUTCOME_OLD;
+			continue;
+		}
+		if (held_back(bp, m))
+		{
+			bw->out[i] = OUTCOME_DROPPED;
+			continue;
+		}
+		if ((pk = parked_head(w, m)) != NULL)
+		{
+			bw->heads[i] = pk->head;
+			bw->out[i] = OUTCOME_PARKED;
+			(void) dead_letter(w, m, dead_letter_datum(w, m),
+							   "parked", pk->head, 0, NULL, NULL, 0);
+		}
+		else
+			bw->out[i] = apply_message(w, message_datum(w, m, true)) ?
+				OUTCOME_APPLIED : OUTCOME_DUPLICATE;
+		bp->next = m->offset + 1;
+	}
+}
 
 /*
  * try_all
@@ -957,64 +1229,28 @@ static bool
 try_all(Worker *w, OutboxInbound *msgs, int n, Outcome *out, int64 *heads,
 		BatchPart *bps, int nbps)
 {
-	MemoryContext old = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool ok = true;
+	BatchWork	bw = {msgs, n, out, heads, bps, nbps, NULL, OUTCOME_NONE};
+	int			i;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(old);
-	PG_TRY();
+	if (in_subxact(w, apply_all, &bw, NULL))
+		return true;
+	for (i = 0; i < nbps; i++)
 	{
-		int			i;
-
-		for (i = 0; i < n; i++)
-		{
-			BatchPart  *bp = batch_part(bps, nbps, &msgs[i]);
-			ParkedKey  *pk;
-
-			if (msgs[i].offset < bp->next)
-			{
-				out[i] = OUTCOME_OLD;
-				continue;
-			}
-			if (held_back(bp, &msgs[i]))
-			{
-				out[i] = OUTCOME_DROPPED;
-				continue;
-			}
-			if ((pk = parked_head(w, &msgs[i])) != NULL)
-			{
-				heads[i] = pk->head;
-				out[i] = OUTCOME_PARKED;
-				(void) dead_letter(w, &msgs[i], dead_letter_datum(w, &msgs[i]),
-								   "parked", pk->head, 0, NULL, NULL, 0);
-			}
-			else
-				out[i] = apply_message(w, message_datum(w, &msgs[i], true)) ?
-					OUTCOME_APPLIED : OUTCOME_DUPLICATE;
-			bp->next = msgs[i].offset + 1;
-		}
-		ReleaseCurrentSubTransaction();
+		bps[i].next = bps[i].stored;
+		bps[i].stopped = false;
+		bps[i].waiting = bps[i].part->retry_offset >= 0;
 	}
-	PG_CATCH();
-	{
-		int			i;
+	return false;
+}
 
-		MemoryContextSwitchTo(old);
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		for (i = 0; i < nbps; i++)
-		{
-			bps[i].next = bps[i].stored;
-			bps[i].stopped = false;
-			bps[i].waiting = bps[i].part->retry_offset >= 0;
-		}
-		ok = false;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(old);
-	CurrentResourceOwner = owner;
-	return ok;
+static void
+apply_one(Worker *w, void *arg)
+{
+	BatchWork  *bw = (BatchWork *) arg;
+
+	/* a value jsonb refuses (\u0000) arrives with payload NULL */
+	bw->one_out = apply_message(w, dead_letter_datum(w, bw->one)) ?
+		OUTCOME_APPLIED : OUTCOME_DUPLICATE;
 }
 
 /*
@@ -1025,36 +1261,11 @@ try_all(Worker *w, OutboxInbound *msgs, int n, Outcome *out, int64 *heads,
 static Outcome
 try_one(Worker *w, const OutboxInbound *m, Failure *f)
 {
-	MemoryContext old = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile Outcome result = OUTCOME_NONE;
+	BatchWork	bw;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(old);
-	PG_TRY();
-	{
-		/* a value jsonb refuses (\u0000) arrives with payload NULL */
-		result = apply_message(w, dead_letter_datum(w, m)) ?
-			OUTCOME_APPLIED : OUTCOME_DUPLICATE;
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(old);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		f->message = pstrdup(edata->message);
-		strlcpy(f->sqlstate, unpack_sql_state(edata->sqlerrcode), sizeof(f->sqlstate));
-		FreeErrorData(edata);
-		result = OUTCOME_FAILED;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(old);
-	CurrentResourceOwner = owner;
-	return result;
+	memset(&bw, 0, sizeof(bw));
+	bw.one = m;
+	return in_subxact(w, apply_one, &bw, f) ? bw.one_out : OUTCOME_FAILED;
 }
 
 /* one by one, after try_all failed: failures stop their partition */
@@ -1147,14 +1358,7 @@ apply_batch(Worker *w, OutboxInbound *msgs, int n)
 	/* now() in the worker's SQL: nobody else sets it in a background worker */
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	/* the owner may have lost the right since the worker started */
-	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(w->sub.owner)) ||
-		!OutboxRoleMayExecute(w->sub.owner, w->sub.handler))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("outbox subscription \"%s\": its owner may no longer execute its handler",
-						w->sub.name),
-				 errdetail("The worker stops; it waits for the subscription to change.")));
+	check_handler(w);
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	nbps = lock_partitions(w, msgs, n, bps);
@@ -1264,12 +1468,101 @@ load_parked(Worker *w)
 	}
 }
 
+/* what a replay's subtransaction works on */
+typedef struct ReplayWork
+{
+	Datum		message;
+	bool		applied;
+} ReplayWork;
+
+static void
+apply_replay(Worker *w, void *arg)
+{
+	ReplayWork *rw = (ReplayWork *) arg;
+
+	rw->applied = apply_message(w, rw->message);
+}
+
+/*
+ * replay_row
+ *		Apply row i of the replays (id, topic, key, message, attempts), or
+ *		park it behind its key's row that failed in this pass; a failure
+ *		sends it back to dead and makes it the head of its key.
+ */
+static void
+replay_row(Worker *w, SPITupleTable *rows, uint64 i, HTAB *failed_keys,
+		   OutboxInboxTally *tally)
+{
+	HeapTuple	t = rows->vals[i];
+	bool		isnull;
+	bool		key_null;
+	int64		id = DatumGetInt64(SPI_getbinval(t, rows->tupdesc, 1, &isnull));
+	char	   *topic = TextDatumGetCString(SPI_getbinval(t, rows->tupdesc, 2, &isnull));
+	Datum		keyd = SPI_getbinval(t, rows->tupdesc, 3, &key_null);
+	int			attempts = DatumGetInt32(SPI_getbinval(t, rows->tupdesc, 5, &isnull));
+	char		tag[PARKED_TAG_LEN];
+	ParkedKey  *fk = NULL;
+	ReplayWork	rw;
+	Failure		f;
+	Oid			types[5] = {INT8OID, INT4OID, INT8OID, TEXTOID, TEXTOID};
+	Datum		upd[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	rw.message = SPI_datumTransfer(SPI_getbinval(t, rows->tupdesc, 4, &isnull), false, -1);
+	if (!key_null)
+	{
+		parked_tag(topic, TextDatumGetCString(keyd), tag);
+		fk = (ParkedKey *) hash_search(failed_keys, tag, HASH_FIND, NULL);
+	}
+	upd[0] = Int64GetDatum(id);
+	if (fk != NULL)
+	{
+		upd[2] = Int64GetDatum(fk->head);
+		if (SPI_execute_with_args("UPDATE outbox.inbox_dead_letters SET state = 'parked', blocked_by = $3"
+								  " WHERE id OPERATOR(pg_catalog.=) $1",
+								  3, types, upd, nulls, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "parking a replay failed");
+		return;
+	}
+	if (in_subxact(w, apply_replay, &rw, &f))
+	{
+		if (rw.applied)
+			tally->processed++;
+		else
+			tally->deduplicated++;
+		if (SPI_execute_with_args("DELETE FROM outbox.inbox_dead_letters WHERE id OPERATOR(pg_catalog.=) $1",
+								  1, types, upd, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "deleting a replayed dead letter failed");
+		return;
+	}
+	tally->failed++;
+	OutboxInboxSetError(w->slot, f.message);
+	upd[1] = Int32GetDatum(attempts + 1);
+	nulls[2] = 'n';
+	upd[3] = CStringGetTextDatum(f.message);
+	upd[4] = CStringGetTextDatum(f.sqlstate);
+	if (SPI_execute_with_args("UPDATE outbox.inbox_dead_letters SET state = 'dead', blocked_by = $3,"
+							  " attempts = $2, last_error = $4, last_sqlstate = $5,"
+							  " last_failed_at = pg_catalog.now()"
+							  " WHERE id OPERATOR(pg_catalog.=) $1",
+							  5, types, upd, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "recording a failed replay failed");
+	if (!key_null)
+	{
+		bool		found;
+
+		fk = (ParkedKey *) hash_search(failed_keys, tag, HASH_ENTER, &found);
+		fk->head = id;
+	}
+}
+
 /*
  * run_replays
  *		Apply, in id order, the dead letters queued by inbox_replay() and
  *		the parked ones whose key has no dead message left.  A failure
  *		sends a row back to dead and parks the later rows of its key behind
  *		it.  Then the parked keys are read again.  Returns rows looked at.
+ *		The handler is checked as for a batch before the first row.
  */
 static int
 run_replays(Worker *w)
@@ -1314,107 +1607,13 @@ run_replays(Worker *w)
 							  1, types, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "reading the replays failed");
 	n = SPI_processed;
+	if (n > 0)
 	{
 		SPITupleTable *rows = SPI_tuptable;
 
+		check_handler(w);
 		for (i = 0; i < n; i++)
-		{
-			HeapTuple	t = rows->vals[i];
-			bool		isnull;
-			bool		key_null;
-			int64		id = DatumGetInt64(SPI_getbinval(t, rows->tupdesc, 1, &isnull));
-			char	   *topic = TextDatumGetCString(SPI_getbinval(t, rows->tupdesc, 2, &isnull));
-			Datum		keyd = SPI_getbinval(t, rows->tupdesc, 3, &key_null);
-			Datum		message = SPI_getbinval(t, rows->tupdesc, 4, &isnull);
-			int			attempts = DatumGetInt32(SPI_getbinval(t, rows->tupdesc, 5, &isnull));
-			char		tag[PARKED_TAG_LEN];
-			ParkedKey  *fk = NULL;
-			MemoryContext old = CurrentMemoryContext;
-			ResourceOwner owner = CurrentResourceOwner;
-			char	   *error = NULL;
-			char		sqlstate[6] = "";
-			Oid			upd_types[5] = {INT8OID, TEXTOID, INT8OID, TEXTOID, TEXTOID};
-			Datum		upd[5];
-			char		upd_nulls[5] = {' ', ' ', ' ', ' ', ' '};
-
-			message = SPI_datumTransfer(message, false, -1);
-			if (!key_null)
-			{
-				parked_tag(topic, TextDatumGetCString(keyd), tag);
-				fk = (ParkedKey *) hash_search(failed_keys, tag, HASH_FIND, NULL);
-			}
-			upd[0] = Int64GetDatum(id);
-			if (fk != NULL)
-			{
-				upd[1] = CStringGetTextDatum("parked");
-				upd[2] = Int64GetDatum(fk->head);
-				upd_nulls[3] = upd_nulls[4] = 'n';
-				if (SPI_execute_with_args("UPDATE outbox.inbox_dead_letters SET state = $2, blocked_by = $3"
-										  " WHERE id OPERATOR(pg_catalog.=) $1",
-										  3, upd_types, upd, upd_nulls, false, 0) != SPI_OK_UPDATE)
-					elog(ERROR, "parking a replay failed");
-				continue;
-			}
-
-			BeginInternalSubTransaction(NULL);
-			MemoryContextSwitchTo(old);
-			PG_TRY();
-			{
-				if (apply_message(w, message))
-					tally.processed++;
-				else
-					tally.deduplicated++;
-				ReleaseCurrentSubTransaction();
-			}
-			PG_CATCH();
-			{
-				ErrorData  *edata;
-
-				MemoryContextSwitchTo(old);
-				edata = CopyErrorData();
-				FlushErrorState();
-				RollbackAndReleaseCurrentSubTransaction();
-				error = pstrdup(edata->message);
-				strlcpy(sqlstate, unpack_sql_state(edata->sqlerrcode), sizeof(sqlstate));
-				FreeErrorData(edata);
-			}
-			PG_END_TRY();
-			MemoryContextSwitchTo(old);
-			CurrentResourceOwner = owner;
-
-			if (error == NULL)
-			{
-				if (SPI_execute_with_args("DELETE FROM outbox.inbox_dead_letters WHERE id OPERATOR(pg_catalog.=) $1",
-										  1, upd_types, upd, NULL, false, 0) != SPI_OK_DELETE)
-					elog(ERROR, "deleting a replayed dead letter failed");
-				continue;
-			}
-			tally.failed++;
-			OutboxInboxSetError(w->slot, error);
-			upd[1] = Int64GetDatum(attempts + 1);
-			upd[2] = (Datum) 0;
-			upd_nulls[2] = 'n';
-			upd[3] = CStringGetTextDatum(error);
-			upd[4] = CStringGetTextDatum(sqlstate);
-			{
-				Oid			t2[5] = {INT8OID, INT4OID, INT8OID, TEXTOID, TEXTOID};
-
-				upd[1] = Int32GetDatum(attempts + 1);
-				if (SPI_execute_with_args("UPDATE outbox.inbox_dead_letters SET state = 'dead', blocked_by = $3,"
-										  " attempts = $2, last_error = $4, last_sqlstate = $5,"
-										  " last_failed_at = pg_catalog.now()"
-										  " WHERE id OPERATOR(pg_catalog.=) $1",
-										  5, t2, upd, upd_nulls, false, 0) != SPI_OK_UPDATE)
-					elog(ERROR, "recording a failed replay failed");
-			}
-			if (!key_null)
-			{
-				bool		found;
-
-				fk = (ParkedKey *) hash_search(failed_keys, tag, HASH_ENTER, &found);
-				fk->head = id;
-			}
-		}
+			replay_row(w, rows, i, failed_keys, &tally);
 	}
 	load_parked(w);
 	PopActiveSnapshot();

@@ -16,6 +16,9 @@
  */
 #include "postgres.h"
 
+#include "access/xlog.h"
+#include "miscadmin.h"
+
 #include "outbox.h"
 
 /*
@@ -32,6 +35,7 @@ const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS] = {
 	[OUTBOX_HEADER_OCCURRED_AT] = "occurred_at",
 	[OUTBOX_HEADER_TRACEPARENT] = "traceparent",
 	[OUTBOX_HEADER_TENANT] = "tenant",
+	[OUTBOX_HEADER_ORIGIN] = "origin",
 };
 
 /*
@@ -91,6 +95,30 @@ OutboxEventHeaderValues(const OutboxEvent *event, const char **values, char num[
 	values[OUTBOX_HEADER_OCCURRED_AT] = event->occurred_at;
 	values[OUTBOX_HEADER_TRACEPARENT] = event->traceparent;
 	values[OUTBOX_HEADER_TENANT] = event->tenant;
+	values[OUTBOX_HEADER_ORIGIN] = OutboxOrigin();
+}
+
+/*
+ * OutboxOrigin
+ *		The database an event comes from, as "<system identifier>/<database
+ *		OID>": the same in the backend that emits it (its size check) and
+ *		in the relay that sends it.  Subscribers scope their dedupe by it,
+ *		so that a writer of one database cannot suppress another's events
+ *		by choosing their ids.  Computed once per process.
+ */
+const char *
+OutboxOrigin(void)
+{
+	static char origin[48];
+	static Oid	origin_db = InvalidOid;
+
+	if (origin_db != MyDatabaseId)
+	{
+		snprintf(origin, sizeof(origin), UINT64_FORMAT "/%u",
+				 GetSystemIdentifier(), MyDatabaseId);
+		origin_db = MyDatabaseId;
+	}
+	return origin;
 }
 
 /*

@@ -79,6 +79,7 @@ typedef enum OutboxHeader
 	OUTBOX_HEADER_OCCURRED_AT,
 	OUTBOX_HEADER_TRACEPARENT,
 	OUTBOX_HEADER_TENANT,
+	OUTBOX_HEADER_ORIGIN,
 	OUTBOX_NUM_HEADERS
 } OutboxHeader;
 
@@ -371,6 +372,7 @@ typedef struct OutboxEvent
 extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
 									char num[2][32]);
 extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
+extern const char *OutboxOrigin(void);
 
 /* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
 typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
@@ -610,7 +612,7 @@ extern bool OutboxConsumerOutdated(const OutboxConsumer *consumer);
 extern void OutboxConsumerDestroy(OutboxConsumer *consumer, int timeout_ms);
 
 /* subscribe.c: subscribe(), unsubscribe() and what they share with the worker */
-extern Oid	OutboxResolveHandler(const char *text, Oid typid, char **problem);
+extern bool OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem);
 extern bool OutboxRoleMayExecute(Oid role, Oid func);
 extern void OutboxSubscriptionsAnnounce(void);
 

@@ -116,43 +116,29 @@ remember(List **list, const char *name)
 }
 
 /*
- * OutboxResolveHandler
- *		The function text names (regprocedure form), when it can be a
- *		handler: one argument of type typid (outbox.inbound_message), a
- *		plain function returning one value.  InvalidOid and *problem
- *		otherwise.  Never ERRORs on a bad name.
+ * OutboxCheckHandler
+ *		Whether the function func can be a handler: it exists, takes one
+ *		argument of type typid (outbox.inbound_message), and is a plain
+ *		function returning one value.  Its owner goes to *owner when it
+ *		exists.  False and *problem otherwise.  Never ERRORs on a bad OID.
  */
-Oid
-OutboxResolveHandler(const char *text, Oid typid, char **problem)
+bool
+OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem)
 {
-	Oid			func;
 	HeapTuple	tup;
 	Form_pg_proc proc;
+	char	   *text;
 
 	*problem = NULL;
-	{
-		/* to_regprocedure() answers NULL for a function that is not there */
-		LOCAL_FCINFO(fcinfo, 1);
-		Datum		result;
-
-		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
-		fcinfo->args[0].value = CStringGetTextDatum(text);
-		fcinfo->args[0].isnull = false;
-		result = to_regprocedure(fcinfo);
-		func = fcinfo->isnull ? InvalidOid : DatumGetObjectId(result);
-	}
-	if (!OidIsValid(func))
-	{
-		*problem = psprintf("handler %s does not exist", text);
-		return InvalidOid;
-	}
-	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(func));
+	tup = OidIsValid(func) ? SearchSysCache1(PROCOID, ObjectIdGetDatum(func)) : NULL;
 	if (!HeapTupleIsValid(tup))
 	{
-		*problem = psprintf("handler %s does not exist", text);
-		return InvalidOid;
+		*problem = psprintf("its handler (function OID %u) no longer exists", func);
+		return false;
 	}
 	proc = (Form_pg_proc) GETSTRUCT(tup);
+	*owner = proc->proowner;
+	text = format_procedure_qualified(func);
 	if (proc->pronargs != 1 || proc->proargtypes.values[0] != typid)
 		*problem = psprintf("handler %s must take one argument of type outbox.inbound_message", text);
 	else if (proc->prokind != PROKIND_FUNCTION)
@@ -160,7 +146,7 @@ OutboxResolveHandler(const char *text, Oid typid, char **problem)
 	else if (proc->proretset)
 		*problem = psprintf("handler %s must not return a set", text);
 	ReleaseSysCache(tup);
-	return *problem == NULL ? func : InvalidOid;
+	return *problem == NULL;
 }
 
 bool
@@ -226,50 +212,16 @@ as_owner_end(AsOwner *save)
 	SetUserIdAndSecContext(save->user, save->sec);
 }
 
-/*
- * outbox_subscribe
- *		SQL outbox.subscribe(name, topics, handler, group_id, start_from,
- *		max_attempts, poison_policy, batch_size).
- */
-Datum
-outbox_subscribe(PG_FUNCTION_ARGS)
+/* the topics argument of subscribe(): 1 to TOPICS_MAX legal, distinct names */
+static void
+check_topics(ArrayType *topics)
 {
-	char	   *name;
-	ArrayType  *topics;
-	Oid			handler;
-	char	   *group_id;
-	char	   *start_from;
-	char	   *policy;
-	int			batch_size;
 	Datum	   *elems;
 	bool	   *elem_nulls;
 	int			ntopics;
 	int			i;
 	int			j;
-	char	   *problem;
-	char	   *handler_text;
-	Oid			owner = GetUserId();
-	AsOwner		save;
-	Oid			types[8] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	Oid			batch_type[1] = {INT4OID};
-	int			ret;
 
-	for (i = 0; i < 3; i++)
-		if (PG_ARGISNULL(i))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%s must not be null", i == 0 ? "name" : i == 1 ? "topics" : "handler")));
-	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (!name_is_valid(name))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid subscription name \"%.100s\"", name),
-				 errdetail("A subscription name has 1 to %d characters from [a-z0-9_.-] and starts with a letter, digit or underscore.",
-						   OUTBOX_SUBSCRIPTION_NAME_MAX - 1)));
-
-	topics = PG_GETARG_ARRAYTYPE_P(1);
 	if (ARR_NDIM(topics) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -299,23 +251,130 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("topic \"%s\" is named twice", t)));
 	}
+}
 
-	handler = PG_GETARG_OID(2);
-	/* schema-qualified: the worker resolves it with an empty search_path */
-	handler_text = format_procedure_qualified(handler);
-	if (OutboxResolveHandler(handler_text, inbound_type(), &problem) != handler)
+/*
+ * check_handler_arg
+ *		The handler argument of subscribe(): a function that can be a
+ *		handler and that the caller may execute.  Returns its owner.
+ */
+static Oid
+check_handler_arg(Oid handler, Oid caller)
+{
+	char	   *problem;
+	Oid			proowner = InvalidOid;
+
+	if (!OutboxCheckHandler(handler, inbound_type(), &proowner, &problem))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
-				 errmsg("%s", problem ? problem : "the handler does not resolve"),
+				 errmsg("%s", problem),
 				 errhint("A handler is a function (m outbox.inbound_message) returning void or any single value.")));
-	if (!OutboxRoleMayExecute(owner, handler))
+	if (!OutboxRoleMayExecute(caller, handler))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied for function %s", handler_text),
+				 errmsg("permission denied for function %s", format_procedure_qualified(handler)),
 				 errdetail("The handler runs as the role that subscribes, which must be allowed to execute it.")));
+	return proowner;
+}
+
+/*
+ * claim_group
+ *		Make group_id the caller's, or check that it may join it (as the
+ *		extension's owner, inside SPI, with outbox.subscriptions locked).
+ *		A group's offsets, dedupe rows and dead letters are its members'
+ *		shared state and outlive its subscriptions: the group stays its
+ *		first subscriber's until unsubscribe(purge => true) removes it.
+ */
+static void
+claim_group(const char *group_id, Oid caller)
+{
+	Oid			types[2] = {TEXTOID, OIDOID};
+	Datum		args[2];
+	bool		isnull;
+	Oid			owner = InvalidOid;
+	uint64		k;
+
+	args[0] = CStringGetTextDatum(group_id);
+	args[1] = ObjectIdGetDatum(caller);
+	if (SPI_execute_with_args("INSERT INTO outbox.inbox_groups (group_id, owner)"
+							  " VALUES ($1, $2::pg_catalog.regrole) ON CONFLICT (group_id) DO NOTHING",
+							  2, types, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "recording the consumer group failed");
+
+	/*
+	 * The group's owner, and the owners of its subscriptions (a row a
+	 * superuser inserted by hand has no group row of its own).
+	 */
+	if (SPI_execute_with_args("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
+							  " WHERE g.group_id OPERATOR(pg_catalog.=) $1"
+							  " UNION ALL SELECT s.owner::pg_catalog.oid FROM outbox.subscriptions s"
+							  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading the consumer group failed");
+	for (k = 0; k < SPI_processed && !OidIsValid(owner); k++)
+	{
+		Oid			o = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[k],
+													   SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (!has_privs_of_role(caller, o))
+			owner = o;
+	}
+	if (OidIsValid(owner))
+	{
+		char	   *name = GetUserNameFromId(owner, true);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("consumer group \"%s\" belongs to another role", group_id),
+				 errdetail("Consumer group \"%s\" is owned by %s%s%s; its subscriptions share its offsets, dedupe rows and dead letters, which outlive them.",
+						   group_id, name ? "role \"" : "a dropped role",
+						   name ? name : "", name ? "\"" : ""),
+				 errhint("Choose another group_id, or have the group's owner remove it with outbox.unsubscribe(name, purge => true).")));
+	}
+}
+
+/*
+ * outbox_subscribe
+ *		SQL outbox.subscribe(name, topics, handler, group_id, start_from,
+ *		max_attempts, poison_policy, batch_size).
+ */
+Datum
+outbox_subscribe(PG_FUNCTION_ARGS)
+{
+	char	   *name;
+	Oid			handler;
+	Oid			handler_owner;
+	char	   *group_id;
+	char	   *start_from;
+	char	   *policy;
+	int			batch_size;
+	int			i;
+	Oid			owner = GetUserId();
+	AsOwner		save;
+	Oid			types[10] = {TEXTOID, TEXTARRAYOID, OIDOID, OIDOID, TEXTOID, TEXTOID,
+	INT4OID, TEXTOID, INT4OID, OIDOID};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int			ret;
+
+	for (i = 0; i < 3; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be null", i == 0 ? "name" : i == 1 ? "topics" : "handler")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (!name_is_valid(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid subscription name \"%.100s\"", name),
+				 errdetail("A subscription name has 1 to %d characters from [a-z0-9_.-] and starts with a letter, digit or underscore.",
+						   OUTBOX_SUBSCRIPTION_NAME_MAX - 1)));
+	check_topics(PG_GETARG_ARRAYTYPE_P(1));
+	handler = PG_GETARG_OID(2);
+	handler_owner = check_handler_arg(handler, owner);
 
 	group_id = PG_ARGISNULL(3) ? name : text_to_cstring(PG_GETARG_TEXT_PP(3));
-	/* its dedupe rows are consumer 'outbox:<group_id>', of 200 characters at most */
+	/* its dedupe rows are consumer 'outbox;<group_id>', of 200 characters at most */
 	if (strlen(group_id) < 1 ||
 		pg_mbstrlen_with_len(group_id, strlen(group_id)) > 193 ||
 		!pg_verify_mbstr(GetDatabaseEncoding(), group_id, strlen(group_id), true))
@@ -348,8 +407,8 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				 errhint("Raise outbox.max_subscriptions and restart the server.")));
 
 	args[0] = CStringGetTextDatum(name);
-	args[1] = PointerGetDatum(topics);
-	args[2] = CStringGetTextDatum(handler_text);
+	args[1] = PG_GETARG_DATUM(1);
+	args[2] = ObjectIdGetDatum(handler);
 	args[3] = ObjectIdGetDatum(owner);
 	args[4] = CStringGetTextDatum(group_id);
 	args[5] = CStringGetTextDatum(start_from);
@@ -357,49 +416,21 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(5))
 		nulls[6] = 'n';
 	args[7] = CStringGetTextDatum(policy);
+	args[8] = Int32GetDatum(batch_size);
+	args[9] = ObjectIdGetDatum(handler_owner);
 
 	as_owner_begin(&save);
 	SPI_connect();
-
-	/*
-	 * A group's members share its offsets and dedupe rows: a member that
-	 * applies nothing would take messages from the others.  Joining a group
-	 * is for the roles whose privileges include its owners'.
-	 */
-	{
-		Oid			gtypes[1] = {TEXTOID};
-		Datum		gargs[1];
-		uint64		k;
-
-		/* two roles subscribing to one new group at once: one waits */
-		if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
-			elog(ERROR, "locking the subscriptions failed");
-		gargs[0] = CStringGetTextDatum(group_id);
-		if (SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid FROM outbox.subscriptions s"
-								  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",
-								  1, gtypes, gargs, NULL, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "reading the group's subscriptions failed");
-		for (k = 0; k < SPI_processed; k++)
-		{
-			bool		isnull;
-			Oid			other = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[k],
-															   SPI_tuptable->tupdesc, 2, &isnull));
-
-			if (!has_privs_of_role(owner, other))
-				ereport(ERROR,
-						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-						 errmsg("consumer group \"%s\" belongs to subscription \"%s\" of another role",
-								group_id,
-								TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[k],
-																  SPI_tuptable->tupdesc, 1, &isnull))),
-						 errdetail("The subscriptions of a group share its offsets and dedupe rows.")));
-		}
-	}
+	/* two roles subscribing to one new group at once: one waits */
+	if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "locking the subscriptions failed");
+	claim_group(group_id, owner);
 	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
-								" start_from, max_attempts, poison_policy)"
-								" VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7, $8)"
+								" start_from, max_attempts, poison_policy, batch_size, handler_owner)"
+								" VALUES ($1, $2, $3::pg_catalog.regprocedure, $4::pg_catalog.regrole, $5,"
+								" $6, $7, $8, $9, $10::pg_catalog.regrole)"
 								" ON CONFLICT (name) DO NOTHING",
-								8, types, args, nulls, false, 0);
+								10, types, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "inserting the subscription failed: %s", SPI_result_code_string(ret));
 	if (SPI_processed == 0)
@@ -407,20 +438,6 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("subscription \"%s\" already exists", name),
 				 errhint("Call outbox.unsubscribe('%s') first, in the same transaction to change it.", name)));
-	args[0] = Int32GetDatum(batch_size);
-	if (batch_size != 500)
-	{
-		Datum		bargs[2];
-		Oid			btypes[2] = {INT4OID, TEXTOID};
-
-		bargs[0] = Int32GetDatum(batch_size);
-		bargs[1] = CStringGetTextDatum(name);
-		if (SPI_execute_with_args("UPDATE outbox.subscriptions SET batch_size = $1"
-								  " WHERE name OPERATOR(pg_catalog.=) $2",
-								  2, btypes, bargs, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "setting the batch size failed");
-	}
-	(void) batch_type;
 	SPI_finish();
 	as_owner_end(&save);
 	if (!OutboxShmemAvailable())
@@ -432,43 +449,81 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 }
 
 /*
+ * purge_group
+ *		Remove a consumer group's state and its ownership (as the
+ *		extension's owner, inside SPI), once no subscription uses it.
+ */
+static void
+purge_group(const char *group_id)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1];
+
+	args[0] = CStringGetTextDatum(group_id);
+	if (SPI_execute_with_args("SELECT s.name FROM outbox.subscriptions s"
+							  " WHERE s.group_id OPERATOR(pg_catalog.=) $1 ORDER BY s.name LIMIT 1",
+							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the group's subscriptions failed");
+	if (SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("consumer group \"%s\" is still used by subscription \"%s\"", group_id,
+						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1)),
+				 errhint("Unsubscribe the group's other subscriptions first, or unsubscribe without purge.")));
+	if (SPI_execute_with_args("DELETE FROM outbox.inbox_offsets WHERE consumer_group OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
+		SPI_execute_with_args("DELETE FROM outbox.inbox_dead_letters WHERE consumer_group OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
+		SPI_execute_with_args("DELETE FROM outbox.inbox WHERE consumer OPERATOR(pg_catalog.=) ANY"
+							  " (ARRAY['outbox:' OPERATOR(pg_catalog.||) $1, 'outbox;' OPERATOR(pg_catalog.||) $1])",
+							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
+		SPI_execute_with_args("DELETE FROM outbox.inbox_groups WHERE group_id OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "removing the consumer group's state failed");
+}
+
+/*
  * outbox_unsubscribe
- *		SQL outbox.unsubscribe(name): true when it removed the subscription.
+ *		SQL outbox.unsubscribe(name [, purge]): true when it removed the
+ *		subscription.  With purge, its group's state goes too.
  */
 Datum
 outbox_unsubscribe(PG_FUNCTION_ARGS)
 {
 	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	bool		purge = PG_NARGS() > 1 && PG_GETARG_BOOL(1);
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1];
 	AsOwner		save;
 	Oid			caller = GetUserId();
 	Oid			owner = InvalidOid;
+	char	   *group_id = NULL;
 	bool		isnull;
 	bool		found;
 
 	args[0] = CStringGetTextDatum(name);
 	as_owner_begin(&save);
 	SPI_connect();
-	if (SPI_execute_with_args("SELECT s.owner::pg_catalog.oid FROM outbox.subscriptions s"
+	if (SPI_execute_with_args("SELECT s.owner::pg_catalog.oid, s.group_id FROM outbox.subscriptions s"
 							  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "reading the subscription failed");
 	found = SPI_processed > 0;
 	if (found)
-		owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	if (found && !has_privs_of_role(caller, owner))
 	{
-		SPI_finish();
-		as_owner_end(&save);
+		owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		group_id = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	}
+	if (found && !has_privs_of_role(caller, owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("must be a member of the role that owns subscription \"%s\"", name)));
-	}
 	if (found &&
 		SPI_execute_with_args("DELETE FROM outbox.subscriptions WHERE name OPERATOR(pg_catalog.=) $1",
 							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
 		elog(ERROR, "deleting the subscription failed");
+	if (found && purge)
+		purge_group(group_id);
 	SPI_finish();
 	as_owner_end(&save);
 	PG_RETURN_BOOL(found);
