@@ -130,7 +130,7 @@ my $row = $node->safe_psql('b', q{
 	  FROM applied a ORDER BY n LIMIT 1});
 is($row, "$topic|t|t|t|t|app", 'the handler sees topic, key, seq, payload and value, and runs as the subscribing role');
 is($node->safe_psql('a', q{SELECT count(*) FROM outbox.events}), $node->safe_psql('b', q{
-	SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox:orders'}), 'each applied event left its dedupe row');
+	SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox;orders'}), 'each applied event left its dedupe row');
 my $status = $node->safe_psql('b',
 	"SET ROLE app; SELECT state, processed >= 400, failed, dead_letters, last_applied_at IS NOT NULL FROM outbox.subscription_status()");
 is($status, 'running|t|0|0|t', 'subscription_status(): running, 400 processed, nothing failed');
