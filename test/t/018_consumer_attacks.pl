@@ -94,7 +94,7 @@ like(
 	qr/because subscription "h" uses it as its handler/,
 	'dropping the handler is refused');
 $node->safe_psql('b',
-	'SET session_replication_role = replica; DROP FUNCTION shared.handle(outbox.inbound_message)');
+	'SET session_replication_role = replica; DROP FUNCTION IF EXISTS shared.handle(outbox.inbound_message)');
 $node->safe_psql(
 	'b', q{
 SET ROLE mallory;
