@@ -143,6 +143,35 @@ SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => 
                     'ID', 'Event_Type', 'TENANT']) AS h;
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"": "v"}')$$);
 SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"idempotency_id": "a", "x-seq": "b"}') IS NOT NULL AS similar_names_ok;
+-- names are RFC 9110 tokens of 1 to 255 characters: no look-alike of a
+-- reserved name that a reader folding Unicode case (Python's upper(),
+-- Java's equalsIgnoreCase) or normalizing it (NFKC) reads as the relay's,
+-- no other non-ASCII letter, no space or separator.  The output shows each
+-- name by its code points only: it is the same in a UTF8 and an SQL_ASCII
+-- database.
+SELECT what, split_part(e, ' ', 1) AS sqlstate,
+       strpos(e, format('invalid header name "%s"', h)) > 0 AS names_it,
+       substring(e FROM 'Character [0-9]+, U\+[0-9A-F]+') AS offending
+  FROM (VALUES ('U+017F long s + eq, upper-cased SEQ', 'ſeq'),
+               ('U+0131 dotless i + d, upper-cased ID', 'ıd'),
+               ('aggregate_ + U+0131 + d', 'aggregate_ıd'),
+               ('U+212A Kelvin sign + afka, lower-cased kafka', 'Kafka'),
+               ('U+FF49 U+FF44 fullwidth id, NFKC id', 'ｉｄ'),
+               ('caf + U+00E9', 'café'),
+               ('h + U+200B zero width space + x', 'h​x'),
+               ('a + tab + b', E'a\tb')) AS c(what, h),
+       LATERAL t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
+                            jsonb_build_object(h, 'forged'))) AS e;
+SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
+                       jsonb_build_object(h, 'v')))
+  FROM unnest(ARRAY['trace id', 'x:y', 'a/b', '(x)', 'a=b']) AS h;
+SELECT t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
+                    jsonb_build_object(repeat('h', 256), 'v')));
+SELECT outbox.emit('order', '1', 'x', '{}', headers => jsonb_build_object(repeat('h', 255), 'v'))
+       IS NOT NULL AS name_of_255_ok;
+SELECT outbox.emit('order', '1', 'x', '{}',
+                   headers => $${"x-trace": "a", "Tenant_ID": "b", "!#$%&'*+-.^_`|~09AZaz": "c"}$$)
+       IS NOT NULL AS token_names_ok;
 -- at most 64 headers, at most 16 kB of names and values
 SELECT outbox.emit('order', '1', 'x', '{}',
                    headers => (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 64) i))

@@ -320,37 +320,11 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *name)
 }
 
 /*
- * check_header_name
- *		A caller header's name: not empty, and none of the relay's
- *		(OutboxHeaderNames) in any letter case.
- */
-static void
-check_header_name(const char *key)
-{
-	int			i;
-
-	if (key[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("header names must not be empty")));
-	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
-		if (pg_strcasecmp(key, OutboxHeaderNames[i]) == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("header \"%s\" is reserved", key),
-					 errdetail("The relay sets headers id, event_type, aggregate_type, "
-							   "aggregate_id, seq, schema_version, occurred_at, "
-							   "traceparent and tenant itself; their names are "
-							   "reserved in any letter case.")));
-}
-
-/*
  * check_headers
  *		Headers must be a JSON object of string values: each becomes a Kafka
- *		header whose value is that string, sent after the relay's own.  No
- *		name may be empty or one of the relay's (check_header_name), in any
- *		letter case: Kafka header names are case-sensitive, but a reader
- *		that folds case must not see a forged "ID" either.  At most
+ *		header whose value is that string, sent after the relay's own.  Each
+ *		name is an RFC 9110 token and none of the relay's in any letter case
+ *		(OutboxCheckHeaderName, message.c, says why).  At most
  *		OUTBOX_CALLER_HEADERS_MAX headers of OUTBOX_CALLER_HEADER_BYTES_MAX
  *		bytes (names and values).  The names and values, palloc'd, go to
  *		event for the size check.
@@ -388,7 +362,7 @@ check_headers(Jsonb *headers, OutboxEvent *event)
 		if (tok == WJB_KEY)
 		{
 			key = pnstrdup(v.val.string.val, v.val.string.len);
-			check_header_name(key);
+			OutboxCheckHeaderName(key);
 			bytes += v.val.string.len;
 		}
 		else if (tok == WJB_VALUE)

@@ -8,6 +8,13 @@
  * Invariants:
  *	- The relay's headers are named here once, for the relay (kafka.c)
  *	  and for emit(), which refuses caller headers of these names.
+ *	- A caller header's name is an RFC 9110 token (ASCII letters, digits
+ *	  and !#$%&'*+-.^_`|~) of 1 to OUTBOX_HEADER_NAME_MAX_LEN characters,
+ *	  and none of the relay's names in any ASCII letter case
+ *	  (OutboxCheckHeaderName, the one check every caller header passes).
+ *	  Being ASCII, no such name folds to a relay header's name under
+ *	  Unicode case rules either (U+017F, U+0131 and U+212A, which fold to
+ *	  s, i and k, are not in it).
  *	- OutboxEventWireSize counts as librdkafka does when it compares a
  *	  message with message.max.bytes, so that emit() refuses what the relay
  *	  could never publish; it calls no librdkafka function.
@@ -17,6 +24,7 @@
 #include "postgres.h"
 
 #include "access/xlog.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 
 #include "outbox.h"
@@ -145,6 +153,105 @@ OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
 	*headers_size = hdrs;
 	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
 		(size_t) event->payload_len + hdrs;
+}
+
+/* the punctuation of an RFC 9110 token, besides ASCII letters and digits */
+#define HEADER_NAME_PUNCTUATION "!#$%&'*+-.^_`|~"
+
+/* the rule every name error states, with %d the length and %s the punctuation */
+#define HEADER_NAME_RULE \
+	"Header names are 1 to %d characters, each an ASCII letter, digit or one of %s (an RFC 9110 token)."
+
+/* whether c may appear in a caller header's name */
+static bool
+is_token_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		(c >= '0' && c <= '9') ||
+		(c != '\0' && strchr(HEADER_NAME_PUNCTUATION, c) != NULL);
+}
+
+/*
+ * code_point
+ *		The Unicode code point of the character at s, or -1 when the server
+ *		encoding does not tell it: neither UTF8 nor SQL_ASCII, or SQL_ASCII
+ *		bytes that are not UTF-8.  For errors only, so that a look-alike
+ *		(U+212A KELVIN SIGN for K) shows what it is.
+ */
+static int
+code_point(const char *s)
+{
+	const unsigned char *u = (const unsigned char *) s;
+	int			enc = GetDatabaseEncoding();
+	int			len;
+
+	if (*u < 0x80)
+		return *u;
+	if (enc != PG_UTF8 && enc != PG_SQL_ASCII)
+		return -1;
+	len = pg_utf_mblen(u);
+	if (strnlen(s, len) < (size_t) len || !pg_utf8_islegal(u, len))
+		return -1;
+	return (int) utf8_to_unicode(u);
+}
+
+/*
+ * OutboxCheckHeaderName
+ *		Refuse a caller header's name unless it is an RFC 9110 token of 1 to
+ *		OUTBOX_HEADER_NAME_MAX_LEN characters and none of the relay's
+ *		(OutboxHeaderNames) in any letter case.  Kafka header names are
+ *		case-sensitive, but a reader that folds case must not see a forged
+ *		"ID", nor one that folds Unicode (Python's upper(), Java's
+ *		equalsIgnoreCase) U+017F LATIN SMALL LETTER LONG S + "eq" as "SEQ":
+ *		a token is ASCII, whose folding is the ASCII folding checked here.
+ *		Every caller header's name goes through here (emit()).
+ */
+void
+OutboxCheckHeaderName(const char *name)
+{
+	const char *p;
+	int			i;
+
+	if (name[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("header names must not be empty"),
+				 errdetail(HEADER_NAME_RULE, OUTBOX_HEADER_NAME_MAX_LEN,
+						   HEADER_NAME_PUNCTUATION)));
+	for (p = name; is_token_char(*p); p++)
+		;
+	/* all before p is ASCII: p - name + 1 counts characters in any encoding */
+	if (*p != '\0')
+	{
+		int			cp = code_point(p);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid header name \"%s\"", name),
+				 cp >= 0 ?
+				 errdetail(HEADER_NAME_RULE " Character %d, U+%04X, is not one of these.",
+						   OUTBOX_HEADER_NAME_MAX_LEN, HEADER_NAME_PUNCTUATION,
+						   (int) (p - name) + 1, cp) :
+				 errdetail(HEADER_NAME_RULE " Character %d is not one of these.",
+						   OUTBOX_HEADER_NAME_MAX_LEN, HEADER_NAME_PUNCTUATION,
+						   (int) (p - name) + 1)));
+	}
+	if (p - name > OUTBOX_HEADER_NAME_MAX_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid header name \"%.32s...\"", name),
+				 errdetail(HEADER_NAME_RULE " This one has %d.",
+						   OUTBOX_HEADER_NAME_MAX_LEN, HEADER_NAME_PUNCTUATION,
+						   (int) (p - name))));
+	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+		if (pg_strcasecmp(name, OutboxHeaderNames[i]) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("header \"%s\" is reserved", name),
+					 errdetail("The relay sets headers id, event_type, aggregate_type, "
+							   "aggregate_id, seq, schema_version, occurred_at, "
+							   "traceparent and tenant itself; their names are "
+							   "reserved in any letter case.")));
 }
 
 /*

@@ -58,6 +58,8 @@
 /* caller headers of one event (emit.c): how many, and bytes of names+values */
 #define OUTBOX_CALLER_HEADERS_MAX	64
 #define OUTBOX_CALLER_HEADER_BYTES_MAX (16 * 1024)
+/* characters of one caller header's name (message.c) */
+#define OUTBOX_HEADER_NAME_MAX_LEN	255
 
 /* librdkafka's message.max.bytes when outbox.kafka_config leaves it unset */
 #define OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT 1000000
@@ -65,8 +67,9 @@
 /*
  * The Kafka headers the relay writes itself, in the order it writes them
  * (kafka.c), before the caller's.  emit() refuses caller headers of these
- * names (emit.c): a reader taking the last header of a name would see the
- * caller's.  Names are in OutboxHeaderNames; add a new one here and there.
+ * names (OutboxCheckHeaderName, message.c): a reader taking the last header
+ * of a name would see the caller's.  Names are in OutboxHeaderNames; add a
+ * new one here and there.
  */
 typedef enum OutboxHeader
 {
@@ -373,6 +376,7 @@ extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **value
 									char num[2][32]);
 extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
 extern const char *OutboxOrigin(void);
+extern void OutboxCheckHeaderName(const char *name);
 
 /* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
 typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,

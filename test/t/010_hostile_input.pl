@@ -4,9 +4,10 @@
 # limit is delivered, one byte more is refused by emit(), and the same
 # one-byte-larger row written without emit() is refused by librdkafka
 # itself, so the two agree to the byte.  Caller headers arrive after the
-# relay's and cannot forge them.  Errors about the secrets file, in the
-# server log, show line numbers and no secret; a pg_monitor role reads
-# outbox.kafka_config but not the secrets file.
+# relay's and cannot forge them, not even by a name that a reader folding
+# Unicode case takes for one of the relay's.  Errors about the secrets
+# file, in the server log, show line numbers and no secret; a pg_monitor
+# role reads outbox.kafka_config but not the secrets file.
 
 use strict;
 use warnings;
@@ -14,6 +15,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Encode qw(decode);
 
 # found without -I: PGXS resets PROVE_FLAGS after the Makefile sets it
 use FindBin;
@@ -87,6 +89,29 @@ is(scalar(grep { $_->{headers}{id} eq $over } @$msgs), 0,
 my ($fret, $fout, $ferr) = $node->psql('postgres',
 	q{SELECT outbox.emit('order', '2', 'x', '{}', topic => 'sized', headers => '{"id": "forged", "seq": "999"}')});
 like($ferr, qr/header "id" is reserved/, 'emit() refuses a forged id header');
+
+# nor look-alikes that a reader folding Unicode case (Python's upper(),
+# Java's equalsIgnoreCase) takes for the relay's: U+017F LATIN SMALL LETTER
+# LONG S + "eq" upper-cases to SEQ, U+0131 LATIN SMALL LETTER DOTLESS I +
+# "d" to ID.  A later event of the same key shows whether any arrived.
+my @relay_headers =
+  qw(id event_type aggregate_type aggregate_id seq schema_version occurred_at traceparent tenant);
+my ($lret, $lout, $lerr) = $node->psql('postgres',
+	qq{SELECT outbox.emit('order', '3', 'x', '{}', topic => 'sized', key => 'look',
+  headers => '{"\xC5\xBFeq": "999", "\xC4\xB1d": "forged"}')});
+like($lerr, qr/invalid header name/, 'emit() refuses look-alikes of reserved header names');
+my $after = $node->safe_psql('postgres',
+	q{SELECT outbox.emit('order', '3', 'x', '{}', topic => 'sized', key => 'look')});
+$msgs = wait_for_events($kafka, 'sized', [$after]);
+my @lookalikes;
+for my $h (map { @{ $_->{header_list} } } @$msgs)
+{
+	my $name = decode('UTF-8', $h->[0]);
+	push @lookalikes, $name
+	  if grep { $name ne $_ && uc($name) eq uc($_) } @relay_headers;
+}
+is(scalar(@lookalikes), 0,
+	'no message in Kafka carries a header a Unicode upper() reads as the relay\'s');
 
 # --- the secrets file: errors in the log name the line, never its text
 my $secret = 'S3cr3t-h0rse-battery';
