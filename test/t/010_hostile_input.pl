@@ -38,9 +38,13 @@ ok(defined $pid, 'the relay runs');
 
 # An event of topic "sized", key "k", no seq, payload {"s": "a...a"} of
 # n + 9 bytes and one caller header h=v: 36 bytes of record overhead, 1 of
-# key, 150 of headers (the relay's seven and h=v, names, values and their
-# varint lengths), so it is 196 + n bytes as librdkafka counts it.
-my $n_at_limit = $limit - 196;
+# key, 150 of headers (the relay's seven that are not origin, and h=v:
+# names, values and their varint lengths), plus the origin header
+# ("<system identifier>/<database OID>", its name and two varints), so it
+# is 196 + origin + n bytes as librdkafka counts it.
+my $origin = $node->safe_psql('postgres',
+	"SELECT system_identifier || '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) FROM pg_control_system()");
+my $n_at_limit = $limit - 196 - (length('origin') + length($origin) + 2);
 sub emit_sized
 {
 	my ($n) = @_;
@@ -80,7 +84,7 @@ my ($m) = grep { ($_->{headers}{id} // '') eq $at_limit } @$msgs;
 is(length($m->{value} // ''), $n_at_limit + 9, 'the event at the limit is delivered whole');
 is_deeply(
 	[ map { $_->[0] } @{ $m->{header_list} } ],
-	[qw(id event_type aggregate_type aggregate_id schema_version occurred_at h)],
+	[qw(id event_type aggregate_type aggregate_id schema_version occurred_at origin h)],
 	'with the relay\'s headers, then the caller\'s');
 is(scalar(grep { $_->{headers}{id} eq $over } @$msgs), 0,
 	'and the refused one is not in Kafka');
@@ -95,7 +99,7 @@ like($ferr, qr/header "id" is reserved/, 'emit() refuses a forged id header');
 # LONG S + "eq" upper-cases to SEQ, U+0131 LATIN SMALL LETTER DOTLESS I +
 # "d" to ID.  A later event of the same key shows whether any arrived.
 my @relay_headers =
-  qw(id event_type aggregate_type aggregate_id seq schema_version occurred_at traceparent tenant);
+  qw(id event_type aggregate_type aggregate_id seq schema_version occurred_at traceparent tenant origin);
 my ($lret, $lout, $lerr) = $node->psql('postgres',
 	qq{SELECT outbox.emit('order', '3', 'x', '{}', topic => 'sized', key => 'look',
   headers => '{"\xC5\xBFeq": "999", "\xC4\xB1d": "forged"}')});
