@@ -103,7 +103,7 @@ is(scalar(grep { $seen->{$_} > 1 } keys %$seen),
 
 # the envelope: key, value and headers of every message
 my @required = qw(id event_type aggregate_type aggregate_id seq
-  schema_version occurred_at);
+  schema_version occurred_at origin);
 my ($missing_hdr, $bad_key, $bad_value, $bad_hdr, $bad_time) = (0) x 5;
 foreach my $m (@$msgs)
 {
