@@ -349,13 +349,21 @@ load_subscription(Worker *w, const char *name, char **problem)
 	ArrayType  *arr;
 	Datum	   *elems;
 	int			i;
+	Oid			relid;
 	MemoryContext old;
 
 	*problem = NULL;
 	if (!OutboxStoreExtensionPresent())
 		return false;
-	if (!OidIsValid(get_relname_relid("subscriptions", get_namespace_oid("outbox", true))))
+	relid = get_relname_relid("subscriptions", get_namespace_oid("outbox", true));
+	if (!OidIsValid(relid))
 		return false;
+	if (get_attnum(relid, "handler_owner") == InvalidAttrNumber)
+	{
+		/* the library is newer than the SQL objects: the update restarts us */
+		*problem = MemoryContextStrdup(w->cxt, OUTBOX_OLD_SQL_PROBLEM);
+		return true;
+	}
 	args[0] = CStringGetTextDatum(name);
 	ret = SPI_execute_with_args(
 								"SELECT s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid, s.group_id,"

@@ -479,6 +479,10 @@ typedef struct OutboxBlocked
 
 /* inbox_shmem.c: the subscription slots; their layout is private to it */
 #define OUTBOX_SUBSCRIPTION_NAME_MAX	64	/* 63 characters and the NUL */
+
+/* subscriptions need the SQL objects of the library's version (1.8 on) */
+#define OUTBOX_OLD_SQL_PROBLEM \
+	"the extension's SQL objects in this database are older than its library: run ALTER EXTENSION outbox UPDATE"
 #define OUTBOX_INBOX_PARTS_MAX			64	/* partitions a slot shows */
 
 typedef enum OutboxInboxState

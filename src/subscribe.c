@@ -419,6 +419,11 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	args[8] = Int32GetDatum(batch_size);
 	args[9] = ObjectIdGetDatum(handler_owner);
 
+	if (!OidIsValid(get_relname_relid("inbox_groups", get_namespace_oid("outbox", false))))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s", OUTBOX_OLD_SQL_PROBLEM),
+				 errhint("Run ALTER EXTENSION outbox UPDATE in this database.")));
 	as_owner_begin(&save);
 	SPI_connect();
 	/* two roles subscribing to one new group at once: one waits */

@@ -200,6 +200,47 @@ my ($ret, $out, $err) = $node->psql('grants_kept', 'SELECT count(*) FROM outbox.
 is($out, '1', "$released[0] to $current: the monitoring role still reads status")
   or diag $err;
 
+# subscriptions across the update to 1.8: the handler recorded by name
+# becomes the function's OID (0 when it no longer resolves), with its
+# owner; each consumer group with state gets its owner (the oldest
+# subscription's, else the role that updates); 1.7's dedupe rows stay as
+# they are, under their old consumer name
+if (grep { $_ eq '1.7' } @released)
+{
+	$node->safe_psql('postgres', 'CREATE DATABASE subs_kept');
+	$node->safe_psql(
+		'subs_kept', q{
+CREATE EXTENSION outbox VERSION '1.7';
+CREATE ROLE subscriber;
+CREATE FUNCTION public.keep(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+-- the rows 1.7's subscribe() wrote (this library's refuses to run on 1.7's objects)
+INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id, created_at) VALUES
+	('kept', ARRAY['t1'], 'public.keep(outbox.inbound_message)', 'subscriber', 'kept', now() - interval '2 s'),
+	('lost', ARRAY['t2'], 'public.gone(outbox.inbound_message)', 'subscriber', 'lost', now() - interval '1 s');
+INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset) VALUES ('orphan', 't3', 0, 5);
+INSERT INTO outbox.inbox (consumer, event_id) VALUES ('outbox:kept', 'f3000000-0000-7000-8000-000000000001');
+});
+	my (undef, undef, $err17) = $node->psql('subs_kept',
+		q{SELECT outbox.subscribe('new', ARRAY['t1'], 'public.keep(outbox.inbound_message)')});
+	like($err17, qr/ERROR:  the extension's SQL objects in this database are older than its library.*\n.*HINT:  Run ALTER EXTENSION outbox UPDATE/,
+		'1.7 objects, this library: subscribe() asks for the update');
+	$node->safe_psql('subs_kept', "ALTER EXTENSION outbox UPDATE TO '1.8'");
+	is( $node->safe_psql(
+			'subs_kept', q{
+SELECT string_agg(s.name || ' ' || s.handler::text || ' ' || (s.handler::oid = 'public.keep(outbox.inbound_message)'::regprocedure::oid)
+		|| ' ' || s.handler_owner::text, ', ' ORDER BY s.name)
+  FROM outbox.subscriptions s}),
+		'kept keep(outbox.inbound_message) true ' . $node->safe_psql('subs_kept', 'SELECT current_user')
+		  . ', lost - false subscriber',
+		'1.7 to 1.8: handlers become OIDs with their owner, a dropped one OID 0');
+	is($node->safe_psql('subs_kept',
+		q{SELECT string_agg(group_id || ' ' || owner::text, ', ' ORDER BY group_id) FROM outbox.inbox_groups}),
+		'kept subscriber, lost subscriber, orphan ' . $node->safe_psql('subs_kept', 'SELECT current_user'),
+		'1.7 to 1.8: each consumer group with state has its owner');
+	is($node->safe_psql('subs_kept', q{SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox:kept'}), '1',
+		'1.7 to 1.8: the unscoped dedupe rows are kept');
+}
+
 # one version at a time, from every released version more than one step
 # behind, the relay publishing throughout
 for my $i (0 .. $#versions - 2)
