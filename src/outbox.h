@@ -40,6 +40,7 @@
 #define OUTBOX_MAX_DATABASES_MAX	1024
 #define OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT 8
 #define OUTBOX_MAX_SUBSCRIPTIONS_MAX 256
+#define OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT
 
 #define OUTBOX_BACKOFF_MIN_DEFAULT	100
 #define OUTBOX_BACKOFF_MAX_DEFAULT	30000
@@ -526,6 +527,7 @@ typedef struct OutboxInboxTally
 typedef struct OutboxInboxSlot OutboxInboxSlot;
 
 extern int	outbox_max_subscriptions;
+extern int	outbox_max_subscriptions_per_database;
 extern const char *OutboxInboxStateName(OutboxInboxState state);
 extern void OutboxInboxShmemRequest(void);
 extern void OutboxInboxShmemInit(void);
