@@ -1143,3 +1143,7 @@ BEGIN
 	RETURN FOUND;
 END
 $$;
+
+-- health() also judges the subscriptions: one left without a worker (issue 34, point 8)
+COMMENT ON FUNCTION outbox.health(interval) IS
+	'ok, warning or critical, judged by the oldest undelivered event''s age, the relay''s state and the subscriptions left without a worker';
