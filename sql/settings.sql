@@ -54,6 +54,13 @@ ALTER SYSTEM SET outbox.hold_after = 0;
 ALTER SYSTEM SET outbox.hold_after = '2s';
 ALTER SYSTEM RESET outbox.hold_after;
 
+-- subscriptions one database may have (and workers it may run): 0 to 256
+ALTER SYSTEM SET outbox.max_subscriptions_per_database = -1;
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.max_subscriptions_per_database = 257;
+ALTER SYSTEM SET outbox.max_subscriptions_per_database = 0;
+ALTER SYSTEM RESET outbox.max_subscriptions_per_database;
+
 -- credentials belong in a file: PostgreSQL logs a changed setting's value
 -- (relative paths are from the data directory)
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'no_such_file.conf';

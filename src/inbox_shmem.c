@@ -19,7 +19,11 @@
  *	- Who writes what: committing backends ask for a slot (a subscription
  *	  was written: changed) and wake its worker (replays); commands that
  *	  need a database to themselves set hold_until; the launcher frees
- *	  slots marked gone with no worker; the attached worker writes the rest.
+ *	  slots marked gone with no worker, and says why a slot has no worker
+ *	  (v.wait, v.wait_since: only while none is attached, so it never
+ *	  writes beside a worker); the attached worker writes the rest.
+ *	- Workers are signalled only under the exclusive lock, which a worker
+ *	  needs to detach: the pid read is still the worker's.
  *	- A slot is the launcher's cue, not the truth: the worker reads its
  *	  subscription's row when it starts, and marks the slot gone when the
  *	  row is not there.  A crash of any backend resets shared memory; the
@@ -341,6 +345,103 @@ OutboxInboxSlotFree(int i)
 }
 
 /*
+ * OutboxInboxSetWait
+ *		Launcher: record why slot i, which it read as dboid/name, has no
+ *		worker (OUTBOX_INBOX_WAIT_NONE: it started one).  The time it began
+ *		to wait is kept while the reason changes.  Nothing is written when
+ *		the slot changed hands or a worker is attached.
+ */
+void
+OutboxInboxSetWait(int i, Oid dboid, const char *name, OutboxInboxWait wait)
+{
+	OutboxInboxSlot *s = &inbox->slots[i];
+	TimestampTz now = GetCurrentTimestamp();
+
+	LWLockAcquire(inbox->lock, LW_SHARED);
+	if (s->in_use && s->v.dboid == dboid && strcmp(s->v.name, name) == 0)
+	{
+		SpinLockAcquire(&s->mutex);
+		if (s->v.pid == 0)
+		{
+			if (wait == OUTBOX_INBOX_WAIT_NONE)
+				s->v.wait_since = 0;
+			else if (s->v.wait == OUTBOX_INBOX_WAIT_NONE)
+				s->v.wait_since = now;
+			s->v.wait = wait;
+		}
+		SpinLockRelease(&s->mutex);
+	}
+	LWLockRelease(inbox->lock);
+}
+
+/* workers attached to a slot of dboid, under the lock */
+static int
+running_locked(Oid dboid)
+{
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < inbox->nslots; i++)
+	{
+		OutboxInboxSlot *s = &inbox->slots[i];
+
+		if (s->in_use && s->v.dboid == dboid && s->v.pid != 0)
+			n++;
+	}
+	return n;
+}
+
+/*
+ * OutboxInboxStopNewest
+ *		Launcher: stop the most recently started worker of dboid, or, for
+ *		InvalidOid, of the database running the most workers (the lowest
+ *		OID of those tied).  Returns its slot, and its pid in *pid; -1 when
+ *		no worker runs there.  The worker exits and detaches; the launcher
+ *		decides whether to start it again.  pid and started_at change only
+ *		under the exclusive lock (attach, detach), held here throughout.
+ */
+int
+OutboxInboxStopNewest(Oid dboid, int *pid)
+{
+	Oid			target = dboid;
+	int			most = 0;
+	int			victim = -1;
+	int			i;
+
+	*pid = 0;
+	LWLockAcquire(inbox->lock, LW_EXCLUSIVE);
+	for (i = 0; i < inbox->nslots && !OidIsValid(dboid); i++)
+	{
+		OutboxInboxSlot *s = &inbox->slots[i];
+		int			n;
+
+		if (!s->in_use || s->v.pid == 0)
+			continue;
+		n = running_locked(s->v.dboid);
+		if (n > most || (n == most && s->v.dboid < target))
+		{
+			most = n;
+			target = s->v.dboid;
+		}
+	}
+	for (i = 0; i < inbox->nslots; i++)
+	{
+		OutboxInboxSlot *s = &inbox->slots[i];
+
+		if (s->in_use && s->v.dboid == target && s->v.pid != 0 &&
+			(victim < 0 || s->v.started_at >= inbox->slots[victim].v.started_at))
+			victim = i;
+	}
+	if (victim >= 0)
+	{
+		*pid = inbox->slots[victim].v.pid;
+		kill(*pid, SIGTERM);
+	}
+	LWLockRelease(inbox->lock);
+	return victim;
+}
+
+/*
  * ---- Readers ----
  */
 
@@ -408,6 +509,8 @@ OutboxInboxAttach(int i, Oid dboid, const char *name)
 		s->v.processed = s->v.deduplicated = s->v.failed = 0;
 		s->v.dead_lettered = s->v.parked = 0;
 		s->v.last_applied_at = 0;
+		s->v.wait = OUTBOX_INBOX_WAIT_NONE;
+		s->v.wait_since = 0;
 		SpinLockRelease(&s->mutex);
 		result = s;
 	}

@@ -27,10 +27,9 @@
  *	  by the postmaster finds the place free; one that finds it taken exits.
  *	- It keeps no pointer into shared memory: it names the database and
  *	  reads a copy of its slot (OutboxSlotRead).
- *	- Subscriptions: one worker per subscription slot in use
- *	  (inbox_shmem.c), restarted OUTBOX_RESTART_DELAY_MS after it stops
- *	  unless its slot is gone (then the slot is freed) or its database is
- *	  held.  A worker already attached to its slot is left alone.
+ *	- Relays come first: in each pass the relays and probes are started
+ *	  before the subscription workers (launcher_consumers.c), which give
+ *	  up their background worker slots to a relay or probe refused one.
  *
  *-------------------------------------------------------------------------
  */
@@ -60,9 +59,7 @@
 /* pg_stat_activity.wait_event of the idle launcher (see compat.h) */
 static uint32 wait_main_event;
 
-#define OUTBOX_RESTART_DELAY_MS		1000
 #define OUTBOX_RESCAN_INTERVAL_MS	10000
-#define OUTBOX_NO_WORKER_RETRY_MS	5000
 #define OUTBOX_PROBES_AT_ONCE		2
 #define OUTBOX_PROBE_WAIT_MS		100
 
@@ -75,24 +72,23 @@ typedef struct RelayEntry
 	bool		reprobe;		/* CREATE EXTENSION came while a worker ran */
 	bool		probing;		/* handle is a probe, not a relay */
 	bool		adopted;		/* a relay runs that another launcher started */
+	bool		no_worker;		/* its last relay or probe found no
+								 * background worker slot */
 	BackgroundWorkerHandle *handle;
 	TimestampTz next_start;
 } RelayEntry;
 
 static List *entries = NIL;
 
-/* the subscription workers, by subscription slot (launcher memory) */
-typedef struct ConsumerEntry
-{
-	BackgroundWorkerHandle *handle;
-	Oid			dboid;
-	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
-	TimestampTz next_start;
-} ConsumerEntry;
-
-static ConsumerEntry *consumers = NULL;
 static TimestampTz last_no_slot_log = 0;
 static int	probes_running = 0;
+
+/*
+ * Relays come first (launcher_consumers.c): relays and probes waiting for
+ * a background worker slot, and whether one was refused in this pass.
+ */
+static int	relays_waiting = 0;
+static bool relay_refused = false;
 
 /*
  * OutboxLauncherRegisterStatic
@@ -137,12 +133,19 @@ find_entry(Oid dboid, bool create)
 	return entry;
 }
 
+/* whether the launcher watches dboid (it exists, takes connections, is no template) */
+bool
+OutboxLauncherKnowsDatabase(Oid dboid)
+{
+	return find_entry(dboid, false) != NULL;
+}
+
 /*
- * database_name
+ * OutboxLauncherDatabaseName
  *		dboid's name for a log line, copied into buf (its OID if it is gone).
  */
-static void
-database_name(Oid dboid, char *buf, size_t len)
+void
+OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len)
 {
 	char	   *name;
 
@@ -246,16 +249,16 @@ register_worker(RelayEntry *entry, bool probe, TimestampTz now)
 	if (RegisterDynamicBackgroundWorker(&worker, &entry->handle))
 	{
 		entry->probing = probe;
-		OutboxSetNoWorker(false);
 		return true;
 	}
 	entry->handle = NULL;
-	OutboxSetNoWorker(true);
+	entry->no_worker = true;
+	relay_refused = true;
 	if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
 	{
 		char		name[NAMEDATALEN];
 
-		database_name(entry->dboid, name, sizeof(name));
+		OutboxLauncherDatabaseName(entry->dboid, name, sizeof(name));
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 probe ?
@@ -282,6 +285,9 @@ start_worker(RelayEntry *entry, TimestampTz now)
 	OutboxSlotView view;
 	bool		has_slot = OutboxSlotRead(entry->dboid, &view);
 	bool		held;
+
+	/* set again below if it is still refused a background worker slot */
+	entry->no_worker = false;
 
 	/*
 	 * The database may have been dropped since the last rescan (DROP
@@ -331,7 +337,7 @@ start_worker(RelayEntry *entry, TimestampTz now)
 		{
 			char		name[NAMEDATALEN];
 
-			database_name(entry->dboid, name, sizeof(name));
+			OutboxLauncherDatabaseName(entry->dboid, name, sizeof(name));
 			ereport(WARNING,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("outbox cannot start a relay for database \"%s\": all %d relay slots are in use",
@@ -415,7 +421,9 @@ worker_stopped(RelayEntry *entry, TimestampTz now)
 
 /*
  * supervise
- *		Reap stopped workers, watch adopted relays and start what is due.
+ *		Reap stopped workers, watch adopted relays and start what is due;
+ *		count the relays and probes that wait for a background worker slot
+ *		(relays_waiting), which subscription workers then give up.
  *		Returns how long the launcher may sleep before something is due.
  */
 static long
@@ -424,6 +432,9 @@ supervise(void)
 	TimestampTz now = GetCurrentTimestamp();
 	long		sleep = OUTBOX_RESCAN_INTERVAL_MS;
 	ListCell   *lc;
+
+	relays_waiting = 0;
+	relay_refused = false;
 
 	foreach(lc, entries)
 	{
@@ -455,125 +466,34 @@ supervise(void)
 		if (entry->next_start <= now)
 			start_worker(entry, now);
 		if (entry->handle == NULL && !entry->adopted)
+		{
 			sleep = Min(sleep, Max(1, TimestampDifferenceMilliseconds(now, entry->next_start)));
+			if (entry->no_worker)
+				relays_waiting++;
+		}
 	}
+	/* for status() and health(): why a relay may not run */
+	OutboxSetNoWorker(relays_waiting > 0);
 	return sleep;
 }
 
 /*
- * start_consumer
- *		Register the worker of subscription slot i.  On failure (no free
- *		background worker) retry later.
+ * relays_retry
+ *		A subscription worker stopped to make room has exited: the relays
+ *		and probes waiting for a worker slot try again at when.
  */
 static void
-start_consumer(int i, Oid dboid, const char *name, TimestampTz now)
+relays_retry(TimestampTz when)
 {
-	BackgroundWorker worker;
-	ConsumerEntry *c = &consumers[i];
+	ListCell   *lc;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "OutboxConsumerMain", BGW_MAXLEN);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox subscription %s", name);
-	strlcpy(worker.bgw_type, "outbox subscription", BGW_MAXLEN);
-	worker.bgw_main_arg = Int32GetDatum(i);
-	StaticAssertStmt(sizeof(Oid) + OUTBOX_SUBSCRIPTION_NAME_MAX <= BGW_EXTRALEN,
-					 "a subscription's name does not fit in bgw_extra");
-	memcpy(worker.bgw_extra, &dboid, sizeof(Oid));
-	strlcpy(worker.bgw_extra + sizeof(Oid), name, OUTBOX_SUBSCRIPTION_NAME_MAX);
-	worker.bgw_notify_pid = MyProcPid;
-
-	c->dboid = dboid;
-	strlcpy(c->name, name, sizeof(c->name));
-	if (RegisterDynamicBackgroundWorker(&worker, &c->handle))
+	foreach(lc, entries)
 	{
-		OutboxSetNoWorker(false);
-		return;
+		RelayEntry *entry = (RelayEntry *) lfirst(lc);
+
+		if (entry->wanted && entry->no_worker && entry->handle == NULL)
+			entry->next_start = Min(entry->next_start, when);
 	}
-	c->handle = NULL;
-	OutboxSetNoWorker(true);
-	if (TimestampDifferenceExceeds(last_no_slot_log, now, 60000))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("outbox cannot start the worker of subscription \"%s\": no background worker slot is free",
-						name),
-				 errhint("Raise max_worker_processes.")));
-		last_no_slot_log = now;
-	}
-	c->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_NO_WORKER_RETRY_MS);
-}
-
-/*
- * supervise_consumers
- *		Reap stopped subscription workers, free gone slots, start what is
- *		due.  Returns how long the launcher may sleep.
- */
-static long
-supervise_consumers(long sleep)
-{
-	TimestampTz now = GetCurrentTimestamp();
-	int			n = OutboxInboxSlotCount();
-	int			i;
-
-	if (n == 0)
-		return sleep;
-	if (consumers == NULL)
-		consumers = MemoryContextAllocZero(TopMemoryContext, sizeof(ConsumerEntry) * n);
-	for (i = 0; i < n; i++)
-	{
-		ConsumerEntry *c = &consumers[i];
-		Oid			dboid;
-		char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
-		int			pid;
-		bool		gone;
-		TimestampTz hold_until;
-		bool		in_use = OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until);
-
-		if (c->handle != NULL)
-		{
-			pid_t		wpid;
-
-			if (GetBackgroundWorkerPid(c->handle, &wpid) != BGWH_STOPPED)
-				continue;
-			pfree(c->handle);
-			c->handle = NULL;
-			c->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
-			/* its slot may be another subscription's by now: look again */
-			in_use = OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until);
-		}
-		if (!in_use)
-			continue;
-		if (find_entry(dboid, false) == NULL)
-		{
-			/* its database was dropped (or made a template) */
-			OutboxInboxSlotForget(i);
-			continue;
-		}
-		if (gone)
-		{
-			if (pid == 0)
-				OutboxInboxSlotFree(i);
-			continue;
-		}
-		if (pid != 0)
-			continue;			/* a worker another launcher started */
-		/* a new subscription in this slot starts at once */
-		if (c->dboid != dboid || strcmp(c->name, name) != 0)
-			c->next_start = 0;
-		if (hold_until > now)
-		{
-			c->next_start = Max(c->next_start, hold_until);
-		}
-		if (c->next_start <= now)
-			start_consumer(i, dboid, name, now);
-		if (c->handle == NULL)
-			sleep = Min(sleep, Max(1, TimestampDifferenceMilliseconds(now, c->next_start)));
-	}
-	return sleep;
 }
 
 /*
@@ -606,6 +526,7 @@ OutboxLauncherMain(Datum main_arg)
 		int			n;
 		int			i;
 		long		sleep;
+		TimestampTz retry_at;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -632,7 +553,11 @@ OutboxLauncherMain(Datum main_arg)
 			last_scan = GetCurrentTimestamp();
 		}
 
-		sleep = supervise_consumers(supervise());
+		/* relays first: they take the worker slots subscriptions free */
+		if (OutboxConsumersReap(GetCurrentTimestamp(), &retry_at))
+			relays_retry(retry_at);
+		sleep = supervise();
+		sleep = OutboxConsumersSupervise(sleep, relays_waiting > 0, relay_refused);
 		pgstat_report_activity(STATE_IDLE, NULL);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 sleep, OutboxWaitEvent(&wait_main_event, "OutboxLauncherMain"));

@@ -47,6 +47,7 @@ int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
 int			outbox_kafka_idle_timeout = OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT;
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
 int			outbox_max_subscriptions = OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT;
+int			outbox_max_subscriptions_per_database = OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
 int			outbox_inbox_retention = OUTBOX_INBOX_RETENTION_DEFAULT;
 
@@ -369,6 +370,23 @@ define_failure_settings(void)
 							 NULL, NULL, NULL);
 }
 
+/*
+ * the subscriptions' share of the workers; a reload setting, so defined
+ * in every backend: subscribe() applies it too
+ */
+static void
+define_subscription_settings(void)
+{
+	DefineCustomIntVariable("outbox.max_subscriptions_per_database",
+							"Subscriptions one database may have, and workers the launcher runs for them at once.",
+							"subscribe() refuses one more; lowered at reload, the launcher stops the newest workers over it.",
+							&outbox_max_subscriptions_per_database,
+							OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT, 0,
+							OUTBOX_MAX_SUBSCRIPTIONS_MAX,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+}
+
 void
 _PG_init(void)
 {
@@ -376,6 +394,7 @@ _PG_init(void)
 	define_kafka_settings();
 	define_relay_settings();
 	define_failure_settings();
+	define_subscription_settings();
 	OutboxEmitInit();
 
 	/* a PGC_POSTMASTER setting can only be defined while preloading */

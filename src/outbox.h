@@ -40,6 +40,7 @@
 #define OUTBOX_MAX_DATABASES_MAX	1024
 #define OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT 8
 #define OUTBOX_MAX_SUBSCRIPTIONS_MAX 256
+#define OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT
 
 #define OUTBOX_BACKOFF_MIN_DEFAULT	100
 #define OUTBOX_BACKOFF_MAX_DEFAULT	30000
@@ -495,6 +496,15 @@ typedef enum OutboxInboxState
 } OutboxInboxState;
 #define OUTBOX_INBOX_NSTATES (OUTBOX_INBOX_STOPPED + 1)
 
+/* why the launcher left a subscription without a worker (none: it did not) */
+typedef enum OutboxInboxWait
+{
+	OUTBOX_INBOX_WAIT_NONE = 0,
+	OUTBOX_INBOX_WAIT_WORKER,	/* no background worker slot was free */
+	OUTBOX_INBOX_WAIT_RELAY,	/* a relay waits for one: relays come first */
+	OUTBOX_INBOX_WAIT_DATABASE_LIMIT	/* outbox.max_subscriptions_per_database */
+} OutboxInboxWait;
+
 /* one assigned partition, as the worker last reported it */
 typedef struct OutboxInboxPart
 {
@@ -519,6 +529,8 @@ typedef struct OutboxInboxView
 	TimestampTz last_applied_at;
 	TimestampTz last_error_at;
 	char		last_error[OUTBOX_LAST_ERROR_LEN];
+	OutboxInboxWait wait;		/* no worker, and why (the launcher's) */
+	TimestampTz wait_since;		/* since when, 0 when wait is none */
 	int			nparts;
 	OutboxInboxPart parts[OUTBOX_INBOX_PARTS_MAX];
 } OutboxInboxView;
@@ -536,6 +548,7 @@ typedef struct OutboxInboxTally
 typedef struct OutboxInboxSlot OutboxInboxSlot;
 
 extern int	outbox_max_subscriptions;
+extern int	outbox_max_subscriptions_per_database;
 extern const char *OutboxInboxStateName(OutboxInboxState state);
 extern void OutboxInboxShmemRequest(void);
 extern void OutboxInboxShmemInit(void);
@@ -548,6 +561,9 @@ extern bool OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid,
 								bool *gone, TimestampTz *hold_until);
 extern void OutboxInboxSlotFree(int i);
 extern void OutboxInboxSlotForget(int i);
+extern void OutboxInboxSetWait(int i, Oid dboid, const char *name,
+							   OutboxInboxWait wait);
+extern int	OutboxInboxStopNewest(Oid dboid, int *pid);
 extern int	OutboxInboxList(Oid dboid, OutboxInboxView **views);
 extern OutboxInboxSlot *OutboxInboxAttach(int i, Oid dboid, const char *name);
 extern void OutboxInboxDetach(OutboxInboxSlot *slot);
@@ -627,9 +643,16 @@ extern void OutboxSubscriptionsAnnounce(void);
 /* consumer.c */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
-/* launcher.c */
+/* launcher.c, launcher_consumers.c: the launcher */
+#define OUTBOX_RESTART_DELAY_MS		1000	/* before a stopped worker starts again */
+#define OUTBOX_NO_WORKER_RETRY_MS	5000	/* after no background worker slot was free */
+
 extern void OutboxLauncherRegisterStatic(void);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+extern bool OutboxLauncherKnowsDatabase(Oid dboid);
+extern void OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len);
+extern bool OutboxConsumersReap(TimestampTz now, TimestampTz *retry_at);
+extern long OutboxConsumersSupervise(long sleep, bool relays_wait, bool relay_refused);
 
 /* utility.c: runs in user backends */
 extern void OutboxUtilityHookInstall(void);

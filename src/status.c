@@ -9,8 +9,10 @@
  * runs, nobody keeps the slot's figures, so the backlog and the oldest
  * event's age are counted from outbox.events against the relay's recorded
  * progress, and health() names why no relay runs.  The three functions
- * read one StatusSnapshot each and only format it.  Nothing here writes a
- * table.  What needs the library preloaded says so with a clear error.
+ * read one StatusSnapshot each and only format it; health() also reads
+ * the subscriptions' slots (OutboxInboxList) against outbox.subscriptions,
+ * to name one left without a worker.  Nothing here writes a table.  What
+ * needs the library preloaded says so with a clear error.
  *
  *-------------------------------------------------------------------------
  */
@@ -636,10 +638,112 @@ judge_health(const StatusSnapshot *snap, double limit, const char **status)
 	return NULL;
 }
 
+/* why a subscription has no worker, by OutboxInboxWait */
+static char *
+wait_reason(OutboxInboxWait wait)
+{
+	switch (wait)
+	{
+		case OUTBOX_INBOX_WAIT_WORKER:
+			return pstrdup("no free background worker slot (max_worker_processes)");
+		case OUTBOX_INBOX_WAIT_RELAY:
+			return pstrdup("a relay waits for a background worker slot, and relays come first");
+		case OUTBOX_INBOX_WAIT_DATABASE_LIMIT:
+			return psprintf("outbox.max_subscriptions_per_database (%d) reached",
+							outbox_max_subscriptions_per_database);
+		case OUTBOX_INBOX_WAIT_NONE:
+			break;
+	}
+	return NULL;
+}
+
+/*
+ * subscription_verdict
+ *		health()'s word on this database's subscriptions: those the
+ *		launcher left without a worker (inbox_shmem.c says why), or that
+ *		have no subscription slot at all.  Names the one waiting longest,
+ *		with the reason, and counts the others; critical once it has waited
+ *		longer than limit seconds, or when it has no slot (only a restart
+ *		gives one), warning before.  NULL when none waits: a worker between
+ *		two lives is not waiting.
+ */
+static char *
+subscription_verdict(double limit, const char **status)
+{
+	OutboxInboxView *views;
+	int			nviews = OutboxInboxList(MyDatabaseId, &views);
+	TimestampTz now = GetCurrentTimestamp();
+	MemoryContext outer = CurrentMemoryContext;
+	char	   *worst = NULL;
+	double		worst_age = -1;
+	int			waiting = 0;
+	bool		isnull;
+	uint64		nrows = 0;
+	uint64		i;
+
+	SPI_connect();
+	/* none before 1.5 */
+	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.subscriptions') IS NOT NULL",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not look for the subscriptions");
+	if (DatumGetBool(spi_value(1, &isnull)))
+	{
+		if (SPI_execute("SELECT s.name FROM outbox.subscriptions s ORDER BY s.name",
+						true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the subscriptions");
+		nrows = SPI_processed;
+	}
+	for (i = 0; i < nrows; i++)
+	{
+		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		const OutboxInboxView *v = NULL;
+		char	   *why = NULL;
+		double		age = 0;
+		int			k;
+
+		for (k = 0; k < nviews; k++)
+			if (strcmp(views[k].name, name) == 0)
+				v = &views[k];
+		if (v == NULL && !OutboxInboxHasRoom(MyDatabaseId, name))
+			why = psprintf("all outbox.max_subscriptions (%d) slots are taken",
+						   outbox_max_subscriptions);
+		else if (v != NULL && v->pid == 0 && v->wait != OUTBOX_INBOX_WAIT_NONE)
+		{
+			why = wait_reason(v->wait);
+			age = (double) (now - v->wait_since) / USECS_PER_SEC;
+		}
+		if (why == NULL)
+			continue;
+		waiting++;
+		if (worst == NULL || (worst_age >= 0 && (v == NULL || age > worst_age)))
+		{
+			MemoryContext spi = MemoryContextSwitchTo(outer);
+
+			/* without a slot it waits for a restart: no age to give */
+			worst = v == NULL ?
+				psprintf("subscription \"%s\" has no worker: %s", name, why) :
+				psprintf("subscription \"%s\" has no worker: %s, for %.0f s", name, why, age);
+			worst_age = v == NULL ? -1 : age;
+			MemoryContextSwitchTo(spi);
+		}
+	}
+	SPI_finish();
+	if (worst == NULL)
+		return NULL;
+	*status = worst_age < 0 || worst_age > limit ? "critical" : "warning";
+	if (waiting == 1)
+		return worst;
+	if (waiting == 2)
+		return psprintf("%s; 1 more subscription has none", worst);
+	return psprintf("%s; %d more subscriptions have none", worst, waiting - 1);
+}
+
 /*
  * outbox_health
  *		SQL outbox.health(max_age interval): (status, reason), judged by the
- *		oldest undelivered event's age and the relay's state.
+ *		oldest undelivered event's age and the relay's state, then by the
+ *		subscriptions left without a worker: the relay's critical verdicts
+ *		come first, then theirs, then the relay's warnings, then theirs.
  */
 Datum
 outbox_health(PG_FUNCTION_ARGS)
@@ -669,8 +773,18 @@ outbox_health(PG_FUNCTION_ARGS)
 	}
 	else
 	{
+		const char *sub_status;
+		char	   *sub_reason;
+
 		take_snapshot(&snap);
 		reason = judge_health(&snap, limit, &status);
+		if (strcmp(status, "critical") != 0 &&
+			(sub_reason = subscription_verdict(limit, &sub_status)) != NULL &&
+			(strcmp(sub_status, "critical") == 0 || strcmp(status, "ok") == 0))
+		{
+			status = sub_status;
+			reason = sub_reason;
+		}
 	}
 
 	values[0] = CStringGetTextDatum(status);

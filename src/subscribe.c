@@ -27,6 +27,7 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -210,6 +211,39 @@ as_owner_end(AsOwner *save)
 {
 	AtEOXact_GUC(false, save->nestlevel);
 	SetUserIdAndSecContext(save->user, save->sec);
+}
+
+/*
+ * check_database_limit
+ *		Refuse a subscription past outbox.max_subscriptions_per_database:
+ *		one database must not take every worker.  Run inside SPI, after
+ *		the lock that serializes subscribe(), so that two sessions cannot
+ *		both take the last place.  A subscription of the same name is left
+ *		out of the count: the insert reports it.
+ */
+static void
+check_database_limit(const char *name)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1];
+	bool		isnull;
+	int64		n;
+
+	args[0] = CStringGetTextDatum(name);
+	if (SPI_execute_with_args("SELECT pg_catalog.count(*) FROM outbox.subscriptions s"
+							  " WHERE s.name OPERATOR(pg_catalog.<>) $1",
+							  1, types, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "counting the subscriptions failed");
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (n >= outbox_max_subscriptions_per_database)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("too many subscriptions in database \"%s\"",
+						get_database_name(MyDatabaseId)),
+				 errdetail("The database has " INT64_FORMAT " subscriptions and outbox.max_subscriptions_per_database is %d.",
+						   n, outbox_max_subscriptions_per_database),
+				 errhint("Unsubscribe one, or raise outbox.max_subscriptions_per_database and reload the server configuration.")));
 }
 
 /* the topics argument of subscribe(): 1 to TOPICS_MAX legal, distinct names */
@@ -430,6 +464,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "locking the subscriptions failed");
 	claim_group(group_id, owner);
+	check_database_limit(name);
 	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
 								" start_from, max_attempts, poison_policy, batch_size, handler_owner)"
 								" VALUES ($1, $2, $3::pg_catalog.regprocedure, $4::pg_catalog.regrole, $5,"
