@@ -141,6 +141,7 @@ SELECT g.group_id, (SELECT a.oid FROM pg_catalog.pg_authid a
 		UNION SELECT pg_catalog.substr(i.consumer, 8) FROM outbox.inbox i
 		 WHERE pg_catalog.left(i.consumer, 7) OPERATOR(pg_catalog.=) 'outbox:') g
 ON CONFLICT (group_id) DO NOTHING;
--- health() also judges the subscriptions: one left without a worker (issue 34, point 8)
+
+/* health() also judges the subscriptions: one left without a worker */
 COMMENT ON FUNCTION outbox.health(interval) IS
 	'ok, warning or critical, judged by the oldest undelivered event''s age, the relay''s state and the subscriptions left without a worker';

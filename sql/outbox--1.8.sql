@@ -1216,6 +1216,7 @@ COMMENT ON FUNCTION outbox.refuse_handler_drop() IS
 REVOKE ALL ON FUNCTION outbox.refuse_handler_drop() FROM PUBLIC;
 CREATE EVENT TRIGGER outbox_refuse_handler_drop ON sql_drop
 	EXECUTE FUNCTION outbox.refuse_handler_drop();
--- health() also judges the subscriptions: one left without a worker (issue 34, point 8)
+
+/* health() also judges the subscriptions: one left without a worker */
 COMMENT ON FUNCTION outbox.health(interval) IS
 	'ok, warning or critical, judged by the oldest undelivered event''s age, the relay''s state and the subscriptions left without a worker';
