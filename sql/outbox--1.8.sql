@@ -1220,3 +1220,15 @@ CREATE EVENT TRIGGER outbox_refuse_handler_drop ON sql_drop
 /* health() also judges the subscriptions: one left without a worker */
 COMMENT ON FUNCTION outbox.health(interval) IS
 	'ok, warning or critical, judged by the oldest undelivered event''s age, the relay''s state and the subscriptions left without a worker';
+ * Holds and a topic that gains partitions: each held row records the
+ * partition count its partition was computed among.  While a topic has held
+ * rows the relay keeps computing its events' partitions among that count,
+ * also after a restart, so that a key's new events join its held ones in
+ * their partition instead of going ahead of them to a new partition.  NULL
+ * in rows held by a relay older than 1.8.
+ */
+ALTER TABLE outbox.held ADD COLUMN partition_count integer
+	CONSTRAINT held_partition_count_positive
+	CHECK (partition_count OPERATOR(pg_catalog.>) 0);
+COMMENT ON COLUMN outbox.held.partition_count IS
+	'partition count of the topic that kafka_partition was computed among; the relay keeps it for the topic while the topic has held rows (NULL: held before 1.8)';

@@ -604,7 +604,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	int			i;
 
 	if (event->partition == OUTBOX_PARTITION_UNSET)
-		(void) OutboxProducerPartition(producer, event);
+		(void) OutboxProducerPartition(producer, event, 0);
 
 	OutboxEventHeaderValues(event, values, num);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);

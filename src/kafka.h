@@ -27,6 +27,7 @@ typedef struct OutboxTopicMemo
 	rd_kafka_topic_t *rkt;
 	int32		partitions;		/* -1: not known (no metadata yet) */
 	TimestampTz counted_at;		/* when partitions was last learnt */
+	bool		recount;		/* learn partitions again when next met */
 } OutboxTopicMemo;
 
 struct OutboxProducer

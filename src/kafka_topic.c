@@ -9,13 +9,18 @@
  * Invariants:
  *	- An event's partition is what librdkafka would choose for its key:
  *	  the same partitioner function (the configured one, murmur2_random by
- *	  default, Java's), over the partition count of the topic's metadata.
+ *	  default, Java's), over the partition count of the topic's metadata,
+ *	  or over the count the caller gives (a topic with held partitions
+ *	  keeps the count it had: relay_hold.c).  The event records the count.
  *	  Every key is non-empty (emit() refuses an empty one), so the *_random
  *	  partitioners never draw at random here.
  *	- A topic's partitions are learnt from one bounded metadata fetch when
- *	  the producer first meets it, and again after TOPIC_RECOUNT_MS (topics
- *	  gain partitions).  Unknown (the fetch failed, or the topic does not
- *	  exist yet) gives OUTBOX_PARTITION_UNKNOWN, and librdkafka chooses.
+ *	  the producer first meets it, and again when it is met after
+ *	  OutboxProducerRecountTopics found it counted TOPIC_RECOUNT_MS ago
+ *	  (topics gain partitions).  The relay calls that only before a page's
+ *	  first round, so the events of one topic in one page share one count.
+ *	  Unknown (the fetch failed, or the topic does not exist yet) gives
+ *	  OUTBOX_PARTITION_UNKNOWN, and librdkafka chooses.
  *	- After a fetch fails (brokers down or slow) none is tried for
  *	  TOPIC_METADATA_PAUSE_MS, so that a page of thousands of new topics
  *	  costs at most one timeout, not one per topic; the relay checks for
@@ -137,29 +142,73 @@ find_topic(OutboxProducer *producer, const char *topic)
 	memo->rkt = rkt;
 	memo->partitions = -1;
 	memo->counted_at = 0;
+	memo->recount = false;
 	count_partitions(producer, memo);
 	return memo;
 }
 
 /*
- * OutboxProducerPartition
- *		The partition event goes to, also set in event->partition:
- *		OUTBOX_PARTITION_UNKNOWN when the topic's partitions or the
- *		partitioner are unknown.
+ * OutboxProducerRecountTopics
+ *		A page is about to have its partitions computed: the topics counted
+ *		TOPIC_RECOUNT_MS ago are counted again when next met.
+ */
+void
+OutboxProducerRecountTopics(OutboxProducer *producer)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+
+	for (i = 0; i < producer->ntopics; i++)
+		if (producer->topics[i].partitions > 0 &&
+			TimestampDifferenceExceeds(producer->topics[i].counted_at, now, TOPIC_RECOUNT_MS))
+			producer->topics[i].recount = true;
+}
+
+/*
+ * OutboxProducerTopicPartitions
+ *		The partition count the producer learnt for topic, -1 when unknown.
  */
 int32
-OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event)
+OutboxProducerTopicPartitions(OutboxProducer *producer, const char *topic)
+{
+	OutboxTopicMemo *memo = find_topic(producer, topic);
+
+	return memo == NULL ? -1 : memo->partitions;
+}
+
+/*
+ * OutboxProducerPartition
+ *		The partition event goes to, among partitions when it is positive,
+ *		else among the topic's partitions as learnt; also set in
+ *		event->partition, and the count in event->partition_count.
+ *		OUTBOX_PARTITION_UNKNOWN (count 0) when the count or the
+ *		partitioner is unknown.
+ */
+int32
+OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event, int32 partitions)
 {
 	OutboxTopicMemo *memo = find_topic(producer, event->topic);
 
 	event->partition = OUTBOX_PARTITION_UNKNOWN;
+	event->partition_count = 0;
 	if (memo == NULL || producer->partitioner == NULL)
 		return event->partition;
-	if (TimestampDifferenceExceeds(memo->counted_at, GetCurrentTimestamp(),
-								   memo->partitions < 0 ? TOPIC_RETRY_MS : TOPIC_RECOUNT_MS))
+	if (memo->recount)
+	{
+		/* at the topic's first event of a page, or at the next page */
+		memo->recount = false;
 		count_partitions(producer, memo);
-	if (memo->partitions > 0)
+	}
+	else if (memo->partitions < 0 &&
+			 TimestampDifferenceExceeds(memo->counted_at, GetCurrentTimestamp(), TOPIC_RETRY_MS))
+		count_partitions(producer, memo);
+	if (partitions <= 0)
+		partitions = memo->partitions;
+	if (partitions > 0)
+	{
 		event->partition = producer->partitioner(memo->rkt, event->key, strlen(event->key),
-												 memo->partitions, NULL, NULL);
+												 partitions, NULL, NULL);
+		event->partition_count = partitions;
+	}
 	return event->partition;
 }

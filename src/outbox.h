@@ -356,6 +356,8 @@ typedef struct OutboxEvent
 	 * when the topic's partitions are unknown (librdkafka then chooses).
 	 */
 	int32		partition;
+	int32		partition_count;	/* the topic's partitions it was computed
+									 * among; 0: none */
 	bool		probe;			/* sent alone for a held partition: kafka.c
 								 * leaves it out of the pending count */
 	bool		was_held;		/* read from outbox.held */
@@ -397,7 +399,10 @@ extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
 extern OutboxProducer *OutboxProducerCreate(int event_fd, char **errmsg);
 extern bool OutboxProducerOutdated(const OutboxProducer *producer);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
-extern int32 OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event);
+extern void OutboxProducerRecountTopics(OutboxProducer *producer);
+extern int32 OutboxProducerTopicPartitions(OutboxProducer *producer, const char *topic);
+extern int32 OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event,
+									 int32 partitions);
 extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
 extern int	OutboxProducerServe(OutboxProducer *producer);
 extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
@@ -457,13 +462,15 @@ typedef struct OutboxHeldPartition
 {
 	char	   *topic;
 	int32		partition;
+	int32		partitions;		/* the count it was computed among; 0: unknown */
 	int64		events;
 	TimestampTz since;
 } OutboxHeldPartition;
 
-extern bool OutboxStoreHeldPresent(void);
-extern int	OutboxStoreLoadHolds(OutboxHeldPartition **holds, MemoryContext cxt);
-extern int64 OutboxStoreHoldEvents(const OutboxEvent *events, int n);
+extern bool OutboxStoreHeldPresent(bool *counted);
+extern int	OutboxStoreLoadHolds(OutboxHeldPartition **holds, bool counted,
+								 MemoryContext cxt);
+extern int64 OutboxStoreHoldEvents(const OutboxEvent *events, int n, bool counted);
 extern int64 OutboxStoreReleaseHeld(const OutboxEvent *events, int n);
 extern int	OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 								OutboxEvent **events, MemoryContext cxt);

@@ -599,8 +599,13 @@ step_send(Relay *r)
 	r->idle_since = 0;
 	if (!ensure_producer(r))
 		return enter_back_off(r, RELAY_STEP_SEND);
-	if (first && !pg->replay)
-		OutboxRelayParkBlocked(r, pg);
+	if (first)
+	{
+		/* counts change between pages only (kafka_topic.c) */
+		OutboxProducerRecountTopics(r->producer);
+		if (!pg->replay)
+			OutboxRelayParkBlocked(r, pg);
+	}
 	OutboxRelaySendRound(r, pg);
 	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
 	{

@@ -73,6 +73,10 @@ typedef struct RelayHold
 {
 	char	   *topic;			/* in Relay.holds_cxt */
 	int32		partition;
+	int32		partitions;		/* the topic's partition count its partition
+								 * was computed among; 0: unknown yet (rows
+								 * held before 1.8) */
+	bool		told_grown;		/* the log said the topic has more now */
 	int64		events;			/* its rows in outbox.held, as counted */
 	TimestampTz since;
 	MemoryContext probe_cxt;	/* the probe; reset for each new one */
@@ -145,6 +149,7 @@ typedef struct Relay
 	bool		drain_turn;		/* a drain page goes before the next batch page */
 	TimestampTz last_ack_at;	/* the last acknowledgement of any event */
 	bool		can_hold;		/* the database has outbox.held (1.4 on) */
+	bool		held_counted;	/* and outbox.held.partition_count (1.8 on) */
 	TimestampTz held_checked_at;	/* when can_hold was last found false */
 
 	/* what the database side has to do */
@@ -210,6 +215,7 @@ extern void OutboxRelayReloadBlocked(Relay *r);
 
 /* relay_hold.c */
 extern void OutboxRelayLoadHolds(Relay *r);
+extern void OutboxRelayPartition(Relay *r, OutboxEvent *ev);
 extern RelayHoldChoice OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev);
 extern bool OutboxRelayHoldStalled(Relay *r, RelayPage *pg);
 extern void OutboxRelayServeProbes(Relay *r);

@@ -33,6 +33,19 @@
  *	  observe: an aggregate's events share it when they share topic and key
  *	  (the default).  Replays are not held; a replay to a held partition
  *	  waits for it, as before.
+ *	- A topic with holds keeps its partition count: every event of it is
+ *	  partitioned among the count its held partitions were computed among
+ *	  (RelayHold.partitions, outbox.held.partition_count across restarts),
+ *	  not among the count the topic has grown to since.  So a key whose
+ *	  events are held keeps the held partition, and its new events are held
+ *	  behind them; the other keys keep the partitions they had.  The count
+ *	  the relay learns changes only between pages (kafka_topic.c) and an
+ *	  event's partition is computed in its page's first round
+ *	  (relay_round.c), so the events of a topic that start a hold share one
+ *	  count.  Once the topic's last hold ends, every held event of it
+ *	  acknowledged, its events go where the count it has now puts them.
+ *	  Holds loaded from rows held before 1.8, which record no count, take
+ *	  the first count the relay uses for the topic after loading them.
  *	- The log says when a hold starts and when it ends, once each.
  *
  * No SQL text here (store_held.c) and no librdkafka call (kafka.c).
@@ -75,8 +88,29 @@ topic_has_hold(const Relay *r, const char *topic)
 	return false;
 }
 
+/*
+ * kept_partitions
+ *		The partition count the events of topic are computed among while it
+ *		has holds: that of its holds; 0 when it has none, or none that knows
+ *		its count.
+ */
+static int32
+kept_partitions(const Relay *r, const char *topic)
+{
+	ListCell   *lc;
+
+	foreach(lc, r->holds)
+	{
+		RelayHold  *h = (RelayHold *) lfirst(lc);
+
+		if (h->partitions > 0 && strcmp(h->topic, topic) == 0)
+			return h->partitions;
+	}
+	return 0;
+}
+
 static RelayHold *
-add_hold(Relay *r, const char *topic, int32 partition, int64 events,
+add_hold(Relay *r, const char *topic, int32 partition, int32 partitions, int64 events,
 		 TimestampTz since)
 {
 	MemoryContext old = MemoryContextSwitchTo(r->holds_cxt);
@@ -84,6 +118,7 @@ add_hold(Relay *r, const char *topic, int32 partition, int64 events,
 
 	h->topic = pstrdup(topic);
 	h->partition = partition;
+	h->partitions = partitions;
 	h->events = events;
 	h->since = since;
 	h->probe_cxt = AllocSetContextCreate(r->holds_cxt, "outbox hold probe",
@@ -122,15 +157,16 @@ OutboxRelayLoadHolds(Relay *r)
 	int			i;
 
 	r->held_checked_at = GetCurrentTimestamp();
-	r->can_hold = OutboxStoreHeldPresent();
+	r->can_hold = OutboxStoreHeldPresent(&r->held_counted);
 	if (!r->can_hold)
 		return;
-	n = OutboxStoreLoadHolds(&rows, CurrentMemoryContext);
+	n = OutboxStoreLoadHolds(&rows, r->held_counted, CurrentMemoryContext);
 	for (i = 0; i < n; i++)
 	{
 		if (find_hold(r, rows[i].topic, rows[i].partition) != NULL)
 			continue;
-		(void) add_hold(r, rows[i].topic, rows[i].partition, rows[i].events, rows[i].since);
+		(void) add_hold(r, rows[i].topic, rows[i].partition, rows[i].partitions,
+						rows[i].events, rows[i].since);
 		ereport(LOG,
 				(errmsg("outbox relay: holding topic \"%s\" partition %d", rows[i].topic,
 						rows[i].partition),
@@ -140,21 +176,73 @@ OutboxRelayLoadHolds(Relay *r)
 }
 
 /*
+ * keep_count
+ *		ev of a topic with holds got a partition among kept partitions (0:
+ *		none known): holds of the topic that know no count take ev's, and
+ *		the log says once when the topic has more partitions than it keeps.
+ */
+static void
+keep_count(Relay *r, const OutboxEvent *ev, int32 kept)
+{
+	ListCell   *lc;
+	RelayHold  *first = NULL;
+	int32		now;
+
+	foreach(lc, r->holds)
+	{
+		RelayHold  *h = (RelayHold *) lfirst(lc);
+
+		if (strcmp(h->topic, ev->topic) != 0)
+			continue;
+		if (h->partitions == 0)
+			h->partitions = ev->partition_count;
+		if (first == NULL)
+			first = h;
+	}
+	/* told on the topic's first hold */
+	if (kept == 0 || first == NULL || first->told_grown)
+		return;
+	now = OutboxProducerTopicPartitions(r->producer, ev->topic);
+	if (now <= kept)
+		return;
+	first->told_grown = true;
+	ereport(LOG,
+			(errmsg("outbox relay: topic \"%s\" has %d partitions now; its events keep going to the %d it had",
+					ev->topic, now, kept),
+			 errdetail("Partitions of it are held: each key's new events go to the partition where its held events wait. The new partitions receive events once every held event of the topic is delivered.")));
+}
+
+/*
+ * OutboxRelayPartition
+ *		Compute ev's partition if it has none yet (or it was unknown): while
+ *		its topic has holds, among the count they keep.  Called for a page's
+ *		pending events in id order, from its first round on.
+ */
+void
+OutboxRelayPartition(Relay *r, OutboxEvent *ev)
+{
+	int32		kept;
+
+	if (ev->partition >= 0)
+		return;
+	kept = r->holds == NIL ? 0 : kept_partitions(r, ev->topic);
+	(void) OutboxProducerPartition(r->producer, ev, kept);
+	if (r->holds != NIL && ev->partition >= 0)
+		keep_count(r, ev, kept);
+}
+
+/*
  * OutboxRelayHoldOrSend
- *		What the round does with ev, pending and not held back: an event
- *		of a held partition is held (unless pg is that hold's drain); one
- *		whose partition is unknown waits while its topic has a hold, since
- *		it may belong to the held partition.  The relay has a producer.
+ *		What the round does with ev, pending, not held back and partitioned
+ *		(OutboxRelayPartition): an event of a held partition is held (unless
+ *		pg is that hold's drain); one whose partition is unknown waits while
+ *		its topic has a hold, since it may belong to the held partition.
+ *		The relay has a producer.
  */
 RelayHoldChoice
 OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev)
 {
-	if (pg->drain != NULL || pg->replay)
-		return RELAY_EVENT_SEND;
-	/* asked again each round while unknown: the topic's metadata may come */
-	if (ev->partition < 0)
-		(void) OutboxProducerPartition(r->producer, ev);
-	if (r->holds == NIL)
+	if (pg->drain != NULL || pg->replay || r->holds == NIL)
 		return RELAY_EVENT_SEND;
 	if (ev->partition < 0)
 		return topic_has_hold(r, ev->topic) ? RELAY_EVENT_WAIT : RELAY_EVENT_SEND;
@@ -176,7 +264,7 @@ hold_partition(Relay *r, const OutboxEvent *ev, TimestampTz now)
 		h->answered = false;
 		return;
 	}
-	(void) add_hold(r, ev->topic, ev->partition, 0, now);
+	(void) add_hold(r, ev->topic, ev->partition, ev->partition_count, 0, now);
 	ereport(LOG,
 			(errmsg("outbox relay: holding topic \"%s\" partition %d", ev->topic, ev->partition),
 			 errdetail("It acknowledged nothing for %d ms while the cluster answered; its events wait in outbox.held, in order, and the other partitions' events flow on.",
@@ -247,8 +335,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 
 		if (ev->disposition != OUTBOX_EVENT_PENDING || ev->delivery_err == 0)
 			continue;
-		if (ev->partition < 0)
-			(void) OutboxProducerPartition(r->producer, ev);
+		OutboxRelayPartition(r, ev);
 		if (ev->partition >= 0 && find_hold(r, ev->topic, ev->partition) != NULL)
 			ev->disposition = OUTBOX_EVENT_HELD;
 	}

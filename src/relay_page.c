@@ -341,7 +341,7 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 	OutboxRelayBeginTxn("recording progress");
 	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
 		r->replays_due = true;
-	(void) OutboxStoreHoldEvents(pg->events, pg->n);
+	(void) OutboxStoreHoldEvents(pg->events, pg->n, r->held_counted);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
 	OutboxRelayEndTxn(r);
 	OutboxRelayCountHeld(r, pg);

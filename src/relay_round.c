@@ -8,9 +8,11 @@
  *	- A round hands librdkafka the page's pending events in id order,
  *	  except those held back behind an earlier event of their aggregate
  *	  that was refused and is being retried: an aggregate's events never
- *	  overtake one another.  Events of a held partition are held instead
- *	  of sent (relay_hold.c).  Sending again what failed is the next round's
- *	  job (the SEND step); settling never sends.
+ *	  overtake one another.  Each pending event's partition is computed in
+ *	  the page's first round, held back or not (relay_hold.c says why).
+ *	  Events of a held partition are held instead of sent (relay_hold.c).
+ *	  Sending again what failed is the next round's job (the SEND step);
+ *	  settling never sends.
  *	- Shutdown is looked at between any two messages handed to librdkafka,
  *	  whose only blocking call is bounded (kafka.c): a round cut short says
  *	  so (RelayPage.cut); what it did send is awaited within
@@ -297,8 +299,11 @@ OutboxRelaySendRound(Relay *r, RelayPage *pg)
 			pg->cut = true;
 			break;
 		}
-		if (events[i].disposition != OUTBOX_EVENT_PENDING ||
-			held_back(events, i, any_refused))
+		if (events[i].disposition != OUTBOX_EVENT_PENDING)
+			continue;
+		/* before anything holds it back: the page's events share one count */
+		OutboxRelayPartition(r, &events[i]);
+		if (held_back(events, i, any_refused))
 			continue;
 		switch (OutboxRelayHoldOrSend(r, pg, &events[i]))
 		{

@@ -460,6 +460,7 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 	ev->disposition = OUTBOX_EVENT_PENDING;
 	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
 	ev->partition = OUTBOX_PARTITION_UNSET;
+	ev->partition_count = 0;
 }
 
 /*

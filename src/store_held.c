@@ -14,6 +14,11 @@
  *	  stays until its held row is gone (delivered_events() leaves it out).
  *	- Held rows are read back by partition, in id order: a partition's
  *	  events leave in the order they were emitted.
+ *	- A held row records the topic's partition count its partition was
+ *	  computed among (partition_count, 1.8 on: relay_hold.c keeps it while
+ *	  the topic has holds).  Statements name that column only when the
+ *	  caller found it (OutboxStoreHeldPresent), so that a database not yet
+ *	  updated to 1.8 still holds.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,35 +37,47 @@
  * OutboxStoreHeldPresent
  *		Whether outbox.held exists: a database still on 1.3 or older has
  *		none until ALTER EXTENSION outbox UPDATE, and then nothing is held.
+ *		*counted: whether it has partition_count (1.8 on).
  */
 bool
-OutboxStoreHeldPresent(void)
+OutboxStoreHeldPresent(bool *counted)
 {
 	HeapTuple	tup;
 	bool		isnull;
 	bool		present;
 
 	SPI_connect();
-	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.held') IS NOT NULL",
+	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.held') IS NOT NULL,"
+						 " EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a"
+						 "  WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('outbox.held')"
+						 "  AND a.attname OPERATOR(pg_catalog.=) 'partition_count'"
+						 "  AND NOT a.attisdropped)",
 						 "look for outbox.held");
 	present = DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+	*counted = DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
 	SPI_finish();
 	return present;
 }
 
 /*
  * OutboxStoreLoadHolds
- *		Every held partition with its count of events and the oldest row's
- *		time, into an array in cxt; returns how many.
+ *		Every held partition with its count of events, the oldest row's
+ *		time and (when counted) the partition count of its rows, into an
+ *		array in cxt; returns how many.
  */
 int
-OutboxStoreLoadHolds(OutboxHeldPartition **holds, MemoryContext cxt)
+OutboxStoreLoadHolds(OutboxHeldPartition **holds, bool counted, MemoryContext cxt)
 {
 	uint64		i;
 	int			n;
 
 	SPI_connect();
-	OutboxStoreRun("SELECT h.topic, h.kafka_partition, pg_catalog.count(*), pg_catalog.min(h.held_at)"
+	OutboxStoreRun(counted ?
+				   "SELECT h.topic, h.kafka_partition, pg_catalog.count(*), pg_catalog.min(h.held_at),"
+				   " pg_catalog.max(h.partition_count)"
+				   " FROM outbox.held h GROUP BY h.topic, h.kafka_partition" :
+				   "SELECT h.topic, h.kafka_partition, pg_catalog.count(*), pg_catalog.min(h.held_at),"
+				   " NULL::pg_catalog.int4"
 				   " FROM outbox.held h GROUP BY h.topic, h.kafka_partition",
 				   true, 0, SPI_OK_SELECT, "read held partitions");
 	n = (int) SPI_processed;
@@ -71,11 +88,14 @@ OutboxStoreLoadHolds(OutboxHeldPartition **holds, MemoryContext cxt)
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
 		char	   *topic = SPI_getvalue(tup, desc, 1);
+		Datum		partitions;
 
 		(*holds)[i].topic = MemoryContextStrdup(cxt, topic);
 		(*holds)[i].partition = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
 		(*holds)[i].events = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
 		(*holds)[i].since = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+		partitions = SPI_getbinval(tup, desc, 5, &isnull);
+		(*holds)[i].partitions = isnull ? 0 : DatumGetInt32(partitions);
 	}
 	SPI_finish();
 	return n;
@@ -109,15 +129,17 @@ newly_held(const OutboxEvent *ev)
 /*
  * OutboxStoreHoldEvents
  *		Record the events of a page newly held (disposition HELD, not read
- *		from outbox.held) with their topic and partition.  Returns how many.
+ *		from outbox.held) with their topic, partition and, when counted,
+ *		partition count.  Returns how many.
  */
 int64
-OutboxStoreHoldEvents(const OutboxEvent *events, int n)
+OutboxStoreHoldEvents(const OutboxEvent *events, int n, bool counted)
 {
-	Datum		values[3];
-	Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID};
+	Datum		values[4];
+	Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT4ARRAYOID};
 	Datum	   *topics;
 	Datum	   *parts;
+	Datum	   *counts;
 	int			count;
 	int			i;
 	int			j = 0;
@@ -129,20 +151,31 @@ OutboxStoreHoldEvents(const OutboxEvent *events, int n)
 		return 0;
 	topics = palloc(sizeof(Datum) * count);
 	parts = palloc(sizeof(Datum) * count);
+	counts = palloc(sizeof(Datum) * count);
 	for (i = 0; i < n; i++)
 		if (newly_held(&events[i]))
 		{
 			topics[j] = CStringGetTextDatum(events[i].topic);
+			counts[j] = Int32GetDatum(events[i].partition_count);
 			parts[j++] = Int32GetDatum(events[i].partition);
 		}
 	values[1] = PointerGetDatum(construct_array(topics, count, TEXTOID, -1, false, TYPALIGN_INT));
 	values[2] = PointerGetDatum(construct_array(parts, count, INT4OID, 4, true, TYPALIGN_INT));
+	values[3] = PointerGetDatum(construct_array(counts, count, INT4OID, 4, true, TYPALIGN_INT));
 
 	SPI_connect();
-	rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition)"
-							   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
-							   " ON CONFLICT (id) DO NOTHING",
-							   3, types, values, NULL, false, 0);
+	if (counted)
+		rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition, partition_count)"
+								   " SELECT i, t, p, NULLIF(c, 0)"
+								   " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+								   "  pg_catalog.unnest($3), pg_catalog.unnest($4)) AS r (i, t, p, c)"
+								   " ON CONFLICT (id) DO NOTHING",
+								   4, types, values, NULL, false, 0);
+	else
+		rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition)"
+								   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+								   " ON CONFLICT (id) DO NOTHING",
+								   3, types, values, NULL, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "could not record held events: %s", SPI_result_code_string(rc));
 	held = (int64) SPI_processed;
