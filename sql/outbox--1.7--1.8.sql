@@ -145,6 +145,8 @@ ON CONFLICT (group_id) DO NOTHING;
 /* health() also judges the subscriptions: one left without a worker */
 COMMENT ON FUNCTION outbox.health(interval) IS
 	'ok, warning or critical, judged by the oldest undelivered event''s age, the relay''s state and the subscriptions left without a worker';
+
+/*
  * Holds and a topic that gains partitions: each held row records the
  * partition count its partition was computed among.  While a topic has held
  * rows the relay keeps computing its events' partitions among that count,
