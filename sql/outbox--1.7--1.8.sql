@@ -3,24 +3,49 @@
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.8'" to load this file. \quit
 
 /*
- * Subscriptions hold their handler by OID, with its owner at subscribe()
- * (issue: a dropped handler's name, taken by another role, was run as the
- * subscriber).  A handler that no longer resolves becomes OID 0: its
- * worker reports it, as before, and runs nothing.
+ * Subscriptions record their handler's owner: the worker runs no function
+ * of the handler's name owned by another role (a dropped handler's name,
+ * taken by a role that may create functions in its schema, ran as the
+ * subscriber).  Today's owner of each handler is trusted when it is a
+ * superuser or a role whose privileges the subscriber has; any other (or
+ * a handler that no longer resolves) is recorded as the subscriber itself,
+ * which the worker then refuses until the owner subscribes again.
  */
-ALTER TABLE outbox.subscriptions
-	ALTER COLUMN handler TYPE regprocedure
-	USING coalesce(pg_catalog.to_regprocedure(handler), '-'::pg_catalog.regprocedure);
 ALTER TABLE outbox.subscriptions ADD COLUMN handler_owner regrole;
 UPDATE outbox.subscriptions s
-   SET handler_owner = coalesce((SELECT p.proowner FROM pg_catalog.pg_proc p
-								  WHERE p.oid OPERATOR(pg_catalog.=) s.handler::pg_catalog.oid),
-								s.owner::pg_catalog.oid)::pg_catalog.regrole;
+   SET handler_owner = coalesce(
+		(SELECT p.proowner FROM pg_catalog.pg_proc p
+		  WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(s.handler)::pg_catalog.oid
+			AND (pg_catalog.pg_has_role(s.owner::pg_catalog.oid, p.proowner, 'USAGE')
+				 OR (SELECT a.rolsuper FROM pg_catalog.pg_authid a
+					  WHERE a.oid OPERATOR(pg_catalog.=) p.proowner))),
+		s.owner::pg_catalog.oid)::pg_catalog.regrole;
+DO $$
+DECLARE
+	r record;
+BEGIN
+	FOR r IN SELECT s.name, s.handler FROM outbox.subscriptions s
+			  WHERE pg_catalog.to_regprocedure(s.handler) IS NULL
+				 OR (SELECT p.proowner FROM pg_catalog.pg_proc p
+					  WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(s.handler)::pg_catalog.oid)
+					OPERATOR(pg_catalog.<>) s.handler_owner::pg_catalog.oid
+	LOOP
+		RAISE WARNING 'outbox subscription "%" will not run its handler %', r.name, r.handler
+			USING DETAIL = 'The function does not exist, or its owner is neither a superuser nor a role whose privileges the subscriber has.',
+				  HINT = 'Check the function, then unsubscribe and subscribe again as its intended subscriber.';
+	END LOOP;
+END
+$$;
 ALTER TABLE outbox.subscriptions ALTER COLUMN handler_owner SET NOT NULL;
-COMMENT ON COLUMN outbox.subscriptions.handler IS
-	'The function called once per message, bound by OID: it takes one outbox.inbound_message; dropping it is refused while the subscription exists';
 COMMENT ON COLUMN outbox.subscriptions.handler_owner IS
-	'The handler''s owner when subscribe() ran; the worker refuses to run a handler whose owner has changed since';
+	'The handler''s owner when subscribe() ran: the worker runs no function of that name owned by another role';
+
+/*
+ * In 1.7 consume_once() accepted consumer names starting with 'outbox;',
+ * the scoped dedupe rows of 1.8's subscriptions: rows a caller wrote there
+ * could suppress a group's events.  No subscription wrote any yet.
+ */
+DELETE FROM outbox.inbox i WHERE pg_catalog.left(i.consumer, 7) OPERATOR(pg_catalog.=) 'outbox;';
 
 /*
  * Dedupe rows scoped by topic and origin go under consumer 'outbox;<group>';
@@ -85,11 +110,14 @@ COMMENT ON FUNCTION outbox.unsubscribe(text, boolean) IS
 REVOKE ALL ON FUNCTION outbox.unsubscribe(text, boolean) FROM PUBLIC;
 
 /*
- * A subscription holds its handler by OID.  Dropping the function would
- * leave the name free for whoever may create functions in its schema, and
- * a look-up by name would then run their code as the subscriber: the drop
- * is refused instead (CREATE OR REPLACE keeps the OID and is allowed).
- * SECURITY DEFINER: the dropping role need not see outbox.subscriptions.
+ * A subscription's handler is found by name and runs only while its owner
+ * is the one recorded at subscribe(), so a function planted under a
+ * dropped handler's name by another role never runs.  Dropping a handler
+ * whose owner is the subscriber's own (or one whose privileges the
+ * subscriber has) is refused as well, so a redeploy does not stop the
+ * subscription by surprise: CREATE OR REPLACE is the way.  A subscriber
+ * cannot pin another role's function this way.  SECURITY DEFINER: the
+ * dropping role need not see outbox.subscriptions.
  */
 CREATE FUNCTION outbox.refuse_handler_drop()
 RETURNS event_trigger
@@ -106,8 +134,9 @@ BEGIN
 	FOR d IN
 		SELECT o.object_identity, s.name
 		  FROM pg_catalog.pg_event_trigger_dropped_objects() o
-		  JOIN outbox.subscriptions s ON s.handler::pg_catalog.oid OPERATOR(pg_catalog.=) o.objid
+		  JOIN outbox.subscriptions s ON s.handler OPERATOR(pg_catalog.=) o.object_identity
 		 WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+		   AND pg_catalog.pg_has_role(s.owner::pg_catalog.oid, s.handler_owner::pg_catalog.oid, 'USAGE')
 		 ORDER BY s.name LIMIT 1
 	LOOP
 		RAISE EXCEPTION 'cannot drop function % because subscription "%" uses it as its handler',

@@ -839,7 +839,7 @@ CREATE TABLE outbox.subscriptions (
 	topics			text[] NOT NULL
 		CONSTRAINT subscription_topics_present
 		CHECK (pg_catalog.cardinality(topics) OPERATOR(pg_catalog.>=) 1),
-	handler			regprocedure NOT NULL,
+	handler			text NOT NULL,
 	owner			regrole NOT NULL,
 	group_id		text NOT NULL,
 	start_from		text NOT NULL DEFAULT 'earliest'
@@ -860,9 +860,9 @@ CREATE TABLE outbox.subscriptions (
 COMMENT ON TABLE outbox.subscriptions IS
 	'Kafka topics a background worker applies to this database through a handler; written by subscribe() and unsubscribe()';
 COMMENT ON COLUMN outbox.subscriptions.handler IS
-	'The function called once per message, bound by OID: it takes one outbox.inbound_message; dropping it is refused while the subscription exists';
+	'The function called once per message, as regprocedure text: it takes one outbox.inbound_message';
 COMMENT ON COLUMN outbox.subscriptions.handler_owner IS
-	'The handler''s owner when subscribe() ran; the worker refuses to run a handler whose owner has changed since';
+	'The handler''s owner when subscribe() ran: the worker runs no function of that name owned by another role';
 COMMENT ON COLUMN outbox.subscriptions.owner IS
 	'The role the handler runs as: the role that called subscribe()';
 COMMENT ON COLUMN outbox.subscriptions.max_attempts IS
@@ -1179,11 +1179,14 @@ COMMENT ON FUNCTION outbox.unsubscribe(text, boolean) IS
 REVOKE ALL ON FUNCTION outbox.unsubscribe(text, boolean) FROM PUBLIC;
 
 /*
- * A subscription holds its handler by OID.  Dropping the function would
- * leave the name free for whoever may create functions in its schema, and
- * a look-up by name would then run their code as the subscriber: the drop
- * is refused instead (CREATE OR REPLACE keeps the OID and is allowed).
- * SECURITY DEFINER: the dropping role need not see outbox.subscriptions.
+ * A subscription's handler is found by name and runs only while its owner
+ * is the one recorded at subscribe(), so a function planted under a
+ * dropped handler's name by another role never runs.  Dropping a handler
+ * whose owner is the subscriber's own (or one whose privileges the
+ * subscriber has) is refused as well, so a redeploy does not stop the
+ * subscription by surprise: CREATE OR REPLACE is the way.  A subscriber
+ * cannot pin another role's function this way.  SECURITY DEFINER: the
+ * dropping role need not see outbox.subscriptions.
  */
 CREATE FUNCTION outbox.refuse_handler_drop()
 RETURNS event_trigger
@@ -1200,8 +1203,9 @@ BEGIN
 	FOR d IN
 		SELECT o.object_identity, s.name
 		  FROM pg_catalog.pg_event_trigger_dropped_objects() o
-		  JOIN outbox.subscriptions s ON s.handler::pg_catalog.oid OPERATOR(pg_catalog.=) o.objid
+		  JOIN outbox.subscriptions s ON s.handler OPERATOR(pg_catalog.=) o.object_identity
 		 WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+		   AND pg_catalog.pg_has_role(s.owner::pg_catalog.oid, s.handler_owner::pg_catalog.oid, 'USAGE')
 		 ORDER BY s.name LIMIT 1
 	LOOP
 		RAISE EXCEPTION 'cannot drop function % because subscription "%" uses it as its handler',

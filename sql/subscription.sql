@@ -86,16 +86,25 @@ SELECT t.err($$SELECT outbox.consume_once('outbox;s', 'f0000000-0000-7000-8000-0
 SELECT outbox.consume_once('outbox-s', 'f0000000-0000-7000-8000-000000000001') AS other_names_work;
 RESET ROLE;
 
--- a handler in use cannot be dropped (a same-named function planted after
--- the drop would run as the subscriber); CREATE OR REPLACE keeps it
-SELECT t.err($$DROP FUNCTION subs.apply(outbox.inbound_message)$$);
-SELECT t.err($$DROP SCHEMA subs CASCADE$$);
-CREATE OR REPLACE FUNCTION subs.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT 1 $$;
+-- a subscription records its handler's owner
 SELECT name, handler, handler_owner FROM outbox.subscriptions ORDER BY name;
--- the subscription holds the function by OID, not by name
-ALTER FUNCTION subs.apply(outbox.inbound_message) RENAME TO apply_renamed;
-SELECT name, handler FROM outbox.subscriptions ORDER BY name;
-ALTER FUNCTION subs.apply_renamed(outbox.inbound_message) RENAME TO apply;
+-- a handler of the subscriber's own cannot be dropped while subscribed
+-- (CREATE OR REPLACE is the way to deploy it); another role's
+-- subscription of it does not pin it
+SET ROLE outbox_sub_app;
+CREATE FUNCTION subs.own(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+SELECT outbox.subscribe('own', ARRAY['t'], 'subs.own(outbox.inbound_message)');
+RESET ROLE;
+SET ROLE outbox_sub_other;
+SELECT outbox.subscribe('pin', ARRAY['t'], 'subs.own(outbox.inbound_message)');
+RESET ROLE;
+SET ROLE outbox_sub_app;
+SELECT t.err($$DROP FUNCTION subs.own(outbox.inbound_message)$$);
+CREATE OR REPLACE FUNCTION subs.own(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT 1 $$;
+SELECT outbox.unsubscribe('own');
+DROP FUNCTION subs.own(outbox.inbound_message);
+RESET ROLE;
+SELECT outbox.unsubscribe('pin', purge => true);
 
 -- the owner unsubscribes; a second time there is nothing to remove
 SET ROLE outbox_sub_app;

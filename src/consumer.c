@@ -131,7 +131,8 @@ typedef struct Subscription
 	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
 	char	  **topics;
 	int			ntopics;
-	Oid			handler;		/* bound by OID: never looked up by name */
+	char	   *handler_text;	/* regprocedure text, schema-qualified */
+	Oid			handler;		/* what it names now: see handler_problem */
 	Oid			handler_owner;	/* its owner at subscribe(): must not change */
 	Oid			owner;
 	char	   *group_id;
@@ -261,9 +262,11 @@ prepare_plans(Worker *w)
 /*
  * handler_problem
  *		Why the subscription's owner may not run its handler now, or NULL:
- *		the owner is gone, the function is gone (it is never looked up
- *		again by name), it is no longer a handler, its owner changed since
- *		subscribe(), or the owner lost EXECUTE on it.  Reads the catalogs
+ *		the owner is gone, no function has the handler's name, it is no
+ *		longer a handler, it is owned by another role than at subscribe()
+ *		(a function planted under a dropped handler's name, or an ALTER
+ *		FUNCTION ... OWNER TO), or the owner lost EXECUTE on it.  Sets
+ *		s->handler to the function the name finds now.  Reads the catalogs
  *		as they are in the caller's transaction.
  */
 static char *
@@ -275,34 +278,61 @@ handler_problem(Worker *w)
 
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(s->owner)))
 		return psprintf("the role that owns the subscription (OID %u) no longer exists", s->owner);
+	s->handler = OutboxHandlerByName(s->handler_text);
+	if (!OidIsValid(s->handler))
+		return psprintf("handler %s does not exist", s->handler_text);
 	if (!OutboxCheckHandler(s->handler, w->typid, &proowner, &problem))
 		return problem;
 	if (proowner != s->handler_owner)
-		return psprintf("the owner of handler %s changed since subscribe() (from role OID %u to %u): subscribe again to run it as it is now",
-						format_procedure_qualified(s->handler), s->handler_owner, proowner);
+	{
+		char	   *now = GetUserNameFromId(proowner, true);
+		char	   *then = GetUserNameFromId(s->handler_owner, true);
+
+		return psprintf("handler %s is owned by role \"%s\", not by role \"%s\" as at subscribe(): subscribe again to run it",
+						s->handler_text, now ? now : "?", then ? then : "?");
+	}
 	if (!OutboxRoleMayExecute(s->owner, s->handler))
 	{
 		char	   *role = GetUserNameFromId(s->owner, true);
 
 		return psprintf("role \"%s\" may not execute handler %s", role ? role : "?",
-						format_procedure_qualified(s->handler));
+						s->handler_text);
 	}
 	return NULL;
 }
 
 /*
  * check_handler
- *		At the start of each transaction that calls the handler: ERROR
- *		(the worker stops, and waits for the subscription to change) when
- *		handler_problem() finds one; else the call info is made again, so
- *		that a change of the function (SECURITY DEFINER or INVOKER, its
- *		body) is seen by the next transaction, not at the worker's next
- *		start.  It lives in batch_cxt, reset before the next one.
+ *		At the start of each transaction that calls the handler (inside
+ *		SPI): the subscription's row is locked FOR KEY SHARE, so that
+ *		unsubscribe() waits for this transaction and the next one finds the
+ *		row gone (the worker then stops, and writes nothing more into a
+ *		group that may have been purged).  ERROR (the worker stops, and
+ *		waits for the subscription to change) when handler_problem() finds
+ *		one; else the call info is made again, so that a change of the
+ *		function (SECURITY DEFINER or INVOKER, its body) is seen by the
+ *		next transaction, not at the worker's next start.  It lives in
+ *		batch_cxt, reset before the next one.
  */
 static void
 check_handler(Worker *w)
 {
-	char	   *problem = handler_problem(w);
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1];
+	char	   *problem;
+
+	args[0] = CStringGetTextDatum(w->sub.name);
+	if (SPI_execute_with_args("SELECT 1 FROM outbox.subscriptions s"
+							  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR KEY SHARE",
+							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "locking the subscription failed");
+	if (SPI_processed == 0)
+	{
+		OutboxInboxMarkGone(w->slot);
+		ereport(LOG, (errmsg("outbox subscription \"%s\" is gone: its worker stops", w->sub.name)));
+		proc_exit(0);
+	}
+	problem = handler_problem(w);
 
 	if (problem != NULL)
 		ereport(ERROR,
@@ -366,7 +396,7 @@ load_subscription(Worker *w, const char *name, char **problem)
 	}
 	args[0] = CStringGetTextDatum(name);
 	ret = SPI_execute_with_args(
-								"SELECT s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid, s.group_id,"
+								"SELECT s.topics, s.handler, s.owner::pg_catalog.oid, s.group_id,"
 								" s.start_from, s.max_attempts, s.poison_policy, s.batch_size,"
 								" s.handler_owner::pg_catalog.oid"
 								" FROM outbox.subscriptions s WHERE s.name OPERATOR(pg_catalog.=) $1",
@@ -386,7 +416,7 @@ load_subscription(Worker *w, const char *name, char **problem)
 	s->topics = palloc(sizeof(char *) * s->ntopics);
 	for (i = 0; i < s->ntopics; i++)
 		s->topics[i] = TextDatumGetCString(elems[i]);
-	s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
+	s->handler_text = TextDatumGetCString(SPI_getbinval(tup, desc, 2, &isnull));
 	s->handler_owner = DatumGetObjectId(SPI_getbinval(tup, desc, 9, &isnull));
 	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
 	s->group_id = TextDatumGetCString(SPI_getbinval(tup, desc, 4, &isnull));
@@ -1366,9 +1396,9 @@ apply_batch(Worker *w, OutboxInbound *msgs, int n)
 	/* now() in the worker's SQL: nobody else sets it in a background worker */
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	check_handler(w);
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
+	check_handler(w);
 	nbps = lock_partitions(w, msgs, n, bps);
 	if (!try_all(w, msgs, n, out, heads, bps, nbps))
 	{
@@ -1770,6 +1800,50 @@ ensure_consumer(Worker *w)
 	return true;
 }
 
+/* whether handler_problem() finds nothing now (a grant or owner put back) */
+static bool
+problem_gone(Worker *w)
+{
+	bool		gone;
+
+	MemoryContextReset(w->batch_cxt);
+	MemoryContextSwitchTo(w->batch_cxt);
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	gone = handler_problem(w) == NULL;
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(w->batch_cxt);
+	return gone;
+}
+
+/*
+ * wait_for_change
+ *		The worker cannot run its handler: say why, then wait until the
+ *		subscription's row changes, or (every 10 s) the problem is gone,
+ *		and exit for the launcher to start it again.  Never returns.
+ */
+static void
+wait_for_change(Worker *w, const char *name, const char *problem)
+{
+	bool		recheck = w->sub.name[0] != '\0';	/* the row was read */
+
+	OutboxInboxSetError(w->slot, problem);
+	OutboxInboxSetState(w->slot, OUTBOX_INBOX_NOT_CONFIGURED);
+	ereport(WARNING,
+			(errcode(strstr(problem, "ALTER EXTENSION") != NULL ?
+					 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE : ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("outbox subscription \"%s\" cannot run its handler: %s", name, problem)));
+	while (!OutboxInboxTakeChanged(w->slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		worker_wait(w, 10000);
+		if (recheck && problem_gone(w))
+			break;
+	}
+	proc_exit(0);
+}
+
 /*
  * OutboxConsumerMain
  *		Entry point of a subscription worker: main_arg is its slot, and
@@ -1844,20 +1918,7 @@ OutboxConsumerMain(Datum main_arg)
 		proc_exit(0);
 	}
 	if (problem != NULL)
-	{
-		/* wait for a change of the row, then start again */
-		OutboxInboxSetError(w->slot, problem);
-		OutboxInboxSetState(w->slot, OUTBOX_INBOX_NOT_CONFIGURED);
-		ereport(WARNING,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("outbox subscription \"%s\" cannot run its handler: %s", name, problem)));
-		while (!OutboxInboxTakeChanged(w->slot))
-		{
-			CHECK_FOR_INTERRUPTS();
-			worker_wait(w, 10000);
-		}
-		proc_exit(0);
-	}
+		wait_for_change(w, name, problem);
 	ereport(LOG,
 			(errmsg("outbox subscription \"%s\" started", name),
 			 errdetail("group \"%s\", %d topics, batch_size %d", w->sub.group_id,

@@ -643,6 +643,7 @@ extern bool OutboxConsumerOutdated(const OutboxConsumer *consumer);
 extern void OutboxConsumerDestroy(OutboxConsumer *consumer, int timeout_ms);
 
 /* subscribe.c: subscribe(), unsubscribe() and what they share with the worker */
+extern Oid	OutboxHandlerByName(const char *text);
 extern bool OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem);
 extern bool OutboxRoleMayExecute(Oid role, Oid func);
 extern void OutboxSubscriptionsAnnounce(void);

@@ -117,6 +117,25 @@ remember(List **list, const char *name)
 }
 
 /*
+ * OutboxHandlerByName
+ *		The function a subscription's handler text (regprocedure form,
+ *		schema-qualified) names now, or InvalidOid.  Never ERRORs.
+ */
+Oid
+OutboxHandlerByName(const char *text)
+{
+	/* to_regprocedure() answers NULL for a function that is not there */
+	LOCAL_FCINFO(fcinfo, 1);
+	Datum		result;
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = CStringGetTextDatum(text);
+	fcinfo->args[0].isnull = false;
+	result = to_regprocedure(fcinfo);
+	return fcinfo->isnull ? InvalidOid : DatumGetObjectId(result);
+}
+
+/*
  * OutboxCheckHandler
  *		Whether the function func can be a handler: it exists, takes one
  *		argument of type typid (outbox.inbound_message), and is a plain
@@ -134,7 +153,7 @@ OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem)
 	tup = OidIsValid(func) ? SearchSysCache1(PROCOID, ObjectIdGetDatum(func)) : NULL;
 	if (!HeapTupleIsValid(tup))
 	{
-		*problem = psprintf("its handler (function OID %u) no longer exists", func);
+		*problem = psprintf("function with OID %u does not exist", func);
 		return false;
 	}
 	proc = (Form_pg_proc) GETSTRUCT(tup);
@@ -385,7 +404,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	int			i;
 	Oid			owner = GetUserId();
 	AsOwner		save;
-	Oid			types[10] = {TEXTOID, TEXTARRAYOID, OIDOID, OIDOID, TEXTOID, TEXTOID,
+	Oid			types[10] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID,
 	INT4OID, TEXTOID, INT4OID, OIDOID};
 	Datum		args[10];
 	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
@@ -442,7 +461,8 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 
 	args[0] = CStringGetTextDatum(name);
 	args[1] = PG_GETARG_DATUM(1);
-	args[2] = ObjectIdGetDatum(handler);
+	/* schema-qualified: the worker finds it with an empty search_path */
+	args[2] = CStringGetTextDatum(format_procedure_qualified(handler));
 	args[3] = ObjectIdGetDatum(owner);
 	args[4] = CStringGetTextDatum(group_id);
 	args[5] = CStringGetTextDatum(start_from);
@@ -467,7 +487,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	check_database_limit(name);
 	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
 								" start_from, max_attempts, poison_policy, batch_size, handler_owner)"
-								" VALUES ($1, $2, $3::pg_catalog.regprocedure, $4::pg_catalog.regrole, $5,"
+								" VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5,"
 								" $6, $7, $8, $9, $10::pg_catalog.regrole)"
 								" ON CONFLICT (name) DO NOTHING",
 								10, types, args, nulls, false, 0);
