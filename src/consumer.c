@@ -38,6 +38,9 @@
  *	- A partition whose log does not hold the group's next offset is
  *	  stopped, never read as applied (consumer_range.c): nothing of it is
  *	  applied until outbox.subscription_seek() moves the offset.
+ *	- The parked keys are read again in every transaction that may see a
+ *	  partition another worker of the group had: on assignment, and in a
+ *	  batch whose stored offset moved since this worker last knew it.
  *
  *-------------------------------------------------------------------------
  */
@@ -181,6 +184,8 @@ typedef struct ParkedKey
 } ParkedKey;
 
 static Worker worker;
+
+static void load_parked(Worker *w);
 
 /* a Kafka timestamp (ms since the Unix epoch) as a timestamptz */
 static TimestampTz
@@ -463,8 +468,11 @@ assigned_start(Worker *w, OutboxAssigned *a, TimestampTz deadline)
  * on_assignment
  *		The consumer's callback: partitions assigned start at the offsets
  *		the database holds (assigned_start); revoked ones are forgotten.
- *		Runs inside librdkafka's poll, so every error is caught here and
- *		answered with false (nothing is assigned, and the worker restarts).
+ *		The parked keys are read again: a partition may come from another
+ *		subscription of the group, which dead-lettered some of its keys
+ *		since this worker last read them.  Runs inside librdkafka's poll,
+ *		so every error is caught here and answered with false (nothing is
+ *		assigned, and the worker restarts).
  */
 static bool
 on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
@@ -502,6 +510,7 @@ on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
 			p->assigned = true;
 			p->stopped = assigned[i].stop;
 		}
+		load_parked(w);
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
@@ -903,14 +912,17 @@ batch_part(BatchPart *bps, int nbps, const OutboxInbound *m)
 /*
  * lock_partitions
  *		Lock the offset row of each partition of the batch (making it when
- *		missing) and read its next offset.  A row moved back
- *		(outbox.subscription_seek()) is not for this batch: the worker's
- *		position is past it.
+ *		missing) and read its next offset.  A row another worker of the
+ *		group moved since this one last knew it makes the parked keys read
+ *		again, now that the lock orders the two (see on_assignment).  A row
+ *		moved back (outbox.subscription_seek()) is not for this batch: the
+ *		worker's position is past it.
  */
 static int
 lock_partitions(Worker *w, OutboxInbound *msgs, int n, BatchPart *bps)
 {
 	int			nbps = 0;
+	bool		moved = false;
 	int			i;
 
 	for (i = 0; i < n; i++)
@@ -949,7 +961,11 @@ lock_partitions(Worker *w, OutboxInbound *msgs, int n, BatchPart *bps)
 							w->sub.name, bp->part->partition, bp->part->topic,
 							bp->part->next_offset, bp->stored),
 					 errdetail("The worker stops and starts again from the stored offset.")));
+		if (bp->stored != bp->part->next_offset)
+			moved = true;
 	}
+	if (moved)
+		load_parked(w);
 	return nbps;
 }
 
@@ -1285,10 +1301,16 @@ load_parked(Worker *w)
 	if (!w->sub.block)
 		return;
 	args[0] = CStringGetTextDatum(w->sub.group_id);
+
+	/*
+	 * Not read-only: a snapshot of its own, taken now.  A batch calls this
+	 * after waiting for a partition's row, and must see the dead letters
+	 * the worker it waited for committed.
+	 */
 	if (SPI_execute_with_args("SELECT d.topic, d.key, pg_catalog.min(d.id) FROM outbox.inbox_dead_letters d"
 							  " WHERE d.consumer_group OPERATOR(pg_catalog.=) $1 AND d.key IS NOT NULL"
 							  " GROUP BY d.topic, d.key",
-							  1, types, args, NULL, true, 0) != SPI_OK_SELECT)
+							  1, types, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "reading the parked keys failed");
 	for (i = 0; i < SPI_processed; i++)
 	{
