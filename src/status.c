@@ -637,9 +637,30 @@ judge_health(const StatusSnapshot *snap, double limit, const char **status)
 }
 
 /*
+ * stopped_subscription
+ *		health()'s reason when a subscription worker of this database has a
+ *		partition stopped (consumer_range.c: nothing of it is applied until
+ *		someone decides), NULL when none has.
+ */
+static char *
+stopped_subscription(void)
+{
+	OutboxInboxView *views;
+	int			n = OutboxInboxList(MyDatabaseId, &views);
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (views[i].pid != 0 && views[i].state == OUTBOX_INBOX_PARTITION_STOPPED)
+			return psprintf("subscription \"%s\" has a partition stopped: its log does not hold the group's next offset (see outbox.subscription_status(); outbox.subscription_seek() resumes it)",
+							views[i].name);
+	return NULL;
+}
+
+/*
  * outbox_health
  *		SQL outbox.health(max_age interval): (status, reason), judged by the
- *		oldest undelivered event's age and the relay's state.
+ *		oldest undelivered event's age and the relay's state, then by a
+ *		subscription's partition stopped.
  */
 Datum
 outbox_health(PG_FUNCTION_ARGS)
@@ -669,8 +690,15 @@ outbox_health(PG_FUNCTION_ARGS)
 	}
 	else
 	{
+		char	   *stopped;
+
 		take_snapshot(&snap);
 		reason = judge_health(&snap, limit, &status);
+		if (strcmp(status, "critical") != 0 && (stopped = stopped_subscription()) != NULL)
+		{
+			status = "critical";
+			reason = stopped;
+		}
 	}
 
 	values[0] = CStringGetTextDatum(status);

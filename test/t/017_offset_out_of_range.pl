@@ -98,6 +98,9 @@ is($node->safe_psql('postgres',
 is($node->safe_psql('postgres',
 	"SELECT next_offset FROM outbox.inbox_offsets WHERE consumer_group = 'gone'"),
 	'10', 'the stored offset is left as it was');
+like($node->safe_psql('postgres', 'SELECT status, reason FROM outbox.health()'),
+	qr/^critical\|subscription "gone" has a partition stopped: its log does not hold the group's next offset/,
+	'health() is critical and says why');
 my $log = slurp_file($node->logfile);
 my @warnings = $log =~ /WARNING:  outbox subscription "gone" stopped partition 0 of topic "gone": its next offset 10 is outside the partition's log\n/g;
 is(scalar @warnings, 1, 'the log says so once, as a WARNING');
@@ -117,6 +120,8 @@ ok(poll_until($node, 'postgres',
 ok(poll_until($node, 'postgres',
 	"SELECT state FROM outbox.subscription_status() WHERE name = 'gone'", 'running', 30),
 	'the subscription runs again');
+unlike($node->safe_psql('postgres', 'SELECT status, reason FROM outbox.health()'),
+	qr/subscription/, 'health() no longer speaks of it');
 is($node->safe_psql('postgres',
 	"SELECT next_offset FROM outbox.inbox_offsets WHERE consumer_group = 'gone'"),
 	'5', 'its next offset is the new log\'s end');
