@@ -6,7 +6,8 @@
 #     the new log's end (5).  Nothing is applied nor counted as
 #     deduplicated; subscription_status() and the log say why and how to
 #     resume; outbox.subscription_seek() to 0 applies the 5 messages once
-#     each.
+#     each.  A seek back applies messages again; one that commits while a
+#     batch waits for the partition's row makes that batch give way.
 #   - messages deleted before they were applied (the test broker keeps
 #     5 MB per partition): the worker, waiting to try a failing message
 #     again, finds its position below the log's start when it fetches,
@@ -128,6 +129,31 @@ is($node->safe_psql('postgres',
 sleep 1;
 is($node->safe_psql('postgres', "SELECT count(*) FROM applied WHERE payload ? 'again'"), '5',
 	'each once');
+# a seek back on a running partition applies again on purpose (these
+# messages have no id to deduplicate them)
+$node->safe_psql('postgres', "SET ROLE app; SELECT outbox.subscription_seek('gone', 'gone', 0, 3)");
+ok(poll_until($node, 'postgres',
+	"SELECT string_agg(payload->>'again', ',' ORDER BY n) FROM applied WHERE payload ? 'again'", '1,2,3,4,5,4,5', 30),
+	'a seek back to 3 applies offsets 3 and 4 again');
+
+# a seek back that commits while a batch waits for the partition's row:
+# the batch, whose position is past the new offset, applies nothing, and
+# the worker starts again from there
+my $seeker = $node->background_psql('postgres');
+$seeker->query_safe('BEGIN');
+$seeker->query_safe("SET LOCAL ROLE app; SELECT outbox.subscription_seek('gone', 'gone', 0, 4)");
+produce($rebuilt, 'gone', '{"again": 6}');
+ok(poll_until($node, 'postgres',
+	"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox subscription' AND wait_event_type = 'Lock'", '1', 30),
+	'a batch waits for the row the seek holds');
+$seeker->query_safe('COMMIT');
+$seeker->quit;
+ok(poll_until($node, 'postgres',
+	"SELECT string_agg(payload->>'again', ',' ORDER BY n) FROM applied WHERE payload ? 'again'", '1,2,3,4,5,4,5,5,6', 30),
+	'the worker starts again from the sought offset 4: nothing between it and the batch is skipped');
+like(slurp_file($node->logfile),
+	qr/ERROR:  outbox subscription "gone": the next offset of partition 0 of topic "gone" was moved back from 5 to 4/,
+	'the waiting batch gave way with an error');
 
 # 2. messages deleted before they were applied: a message fails, and while
 # its partition waits to try it again 7 MB more push it out of the log
