@@ -348,9 +348,11 @@ OutboxConsumerPoll(OutboxConsumer *c, OutboxInbound *out, int max, MemoryContext
 			break;
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
+			/* a reset the worker reports itself, with the log's bounds */
 			if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL)
 				note_reset(c, rd_kafka_topic_name(m->rkt), m->partition, m->offset);
-			record_error(c, rd_kafka_err2name(m->err), rd_kafka_message_errstr(m));
+			else
+				record_error(c, rd_kafka_err2name(m->err), rd_kafka_message_errstr(m));
 			rd_kafka_message_destroy(m);
 			continue;
 		}
