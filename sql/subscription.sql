@@ -7,8 +7,8 @@ CREATE ROLE outbox_sub_nobody;
 CREATE SCHEMA subs;
 GRANT USAGE ON SCHEMA outbox, subs TO outbox_sub_app, outbox_sub_other, outbox_sub_nobody;
 GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, text, integer, text, integer),
-	outbox.unsubscribe(text), outbox.unsubscribe(text, boolean), outbox.subscription_status()
-	TO outbox_sub_app, outbox_sub_other;
+	outbox.unsubscribe(text), outbox.unsubscribe(text, boolean), outbox.subscription_status(),
+	outbox.subscription_seek(text, text, integer, bigint) TO outbox_sub_app, outbox_sub_other;
 CREATE FUNCTION subs.apply(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 CREATE FUNCTION subs.secret(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 REVOKE ALL ON FUNCTION subs.secret(outbox.inbound_message) FROM PUBLIC;
@@ -46,13 +46,34 @@ SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.secret(outbox.inbo
 -- a subscription, recorded with its owner and its handler's full name
 SELECT outbox.subscribe('s', ARRAY['orders', 'refunds'], 'subs.apply(outbox.inbound_message)', batch_size => 50);
 SELECT t.err($$SELECT outbox.subscribe('s', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+-- subscription_seek(): what it refuses; the owner sets a partition's next offset
+SELECT t.err($$SELECT outbox.subscription_seek(NULL, 'orders', 0, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', NULL, 0, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', NULL, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', 0, NULL)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('nope', 'orders', 0, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'payments', 0, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', -1, 0)$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', 0, -1)$$);
+SELECT outbox.subscription_seek('s', 'orders', 2, 0);
+SELECT outbox.subscription_seek('s', 'refunds', 0, 7);
+SELECT outbox.subscription_seek('s', 'refunds', 0, 3);
 RESET ROLE;
+-- the offsets are the group's: moving them takes the rights of every owner in it
+SELECT outbox.subscribe('su', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's');
+SET ROLE outbox_sub_app;
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', 1, 0)$$);
+RESET ROLE;
+SELECT outbox.subscription_seek('su', 'orders', 1, 5);
+SELECT outbox.unsubscribe('su');
+SELECT consumer_group, topic, kafka_partition, next_offset FROM outbox.inbox_offsets ORDER BY 1, 2, 3;
 SELECT name, topics, handler, owner, group_id, start_from, max_attempts, poison_policy, batch_size
   FROM outbox.subscriptions;
 
 -- a hostile role: no right on the tables, cannot take another's subscription
 SET ROLE outbox_sub_other;
 SELECT t.err($$SELECT outbox.unsubscribe('s')$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', 0, 0)$$);
 SELECT t.err($$UPDATE outbox.subscriptions SET owner = 'outbox_sub_other' WHERE name = 's'$$);
 SELECT t.err($$INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id) VALUES ('x', ARRAY['t'], 'subs.secret(outbox.inbound_message)', 'postgres', 'x')$$);
 SELECT t.err($$SELECT * FROM outbox.inbox_offsets$$);
@@ -69,6 +90,7 @@ SELECT name, state, pid, processed FROM outbox.subscription_status() ORDER BY na
 RESET ROLE;
 SET ROLE outbox_sub_nobody;
 SELECT t.err($$SELECT outbox.subscribe('n', ARRAY['t'], 'subs.apply(outbox.inbound_message)')$$);
+SELECT t.err($$SELECT outbox.subscription_seek('s', 'orders', 0, 0)$$);
 SELECT t.err($$SELECT * FROM outbox.subscription_status()$$);
 RESET ROLE;
 
@@ -91,6 +113,7 @@ SELECT name, handler, handler_owner FROM outbox.subscriptions ORDER BY name;
 -- a handler of the subscriber's own cannot be dropped while subscribed
 -- (CREATE OR REPLACE is the way to deploy it); another role's
 -- subscription of it does not pin it
+GRANT CREATE ON SCHEMA subs TO outbox_sub_app;
 SET ROLE outbox_sub_app;
 CREATE FUNCTION subs.own(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 SELECT outbox.subscribe('own', ARRAY['t'], 'subs.own(outbox.inbound_message)');

@@ -35,6 +35,12 @@
  *	  slot's last error.  An ERROR in the worker's own SQL ends the worker;
  *	  the launcher starts it again and it resumes from the database.
  *	- The worker never holds a transaction while it waits.
+ *	- A partition whose log does not hold the group's next offset is
+ *	  stopped, never read as applied (consumer_range.c): nothing of it is
+ *	  applied until outbox.subscription_seek() moves the offset.
+ *	- The parked keys are read again in every transaction that may see a
+ *	  partition another worker of the group had: on assignment, and in a
+ *	  batch whose stored offset moved since this worker last knew it.
  *
  *-------------------------------------------------------------------------
  */
@@ -85,6 +91,9 @@
 #define REPLAY_CHECK_MS		10000
 #define REPLAY_PAGE			500
 #define CLOSE_TIMEOUT_MS	5000
+#define ASSIGN_CHECK_MS		5000	/* for all of an assignment's log bounds */
+#define RESET_CHECK_MS		2000	/* for a reset partition's log bounds */
+#define RESET_RETRY_MS		10000	/* a logical offset not looked up: again */
 #define ATTRS				14		/* outbox.inbound_message */
 #define PARKED_TAG_LEN		16
 
@@ -113,6 +122,7 @@ typedef struct Part
 	char	   *last_error;		/* of the failed message (the worker's context) */
 	char		last_sqlstate[6];
 	bool		assigned;		/* by the group (not only met in a batch) */
+	bool		stopped;		/* its log does not hold its next offset */
 } Part;
 
 /* within a batch: a partition's row, locked */
@@ -182,6 +192,8 @@ typedef struct ParkedKey
 } ParkedKey;
 
 static Worker worker;
+
+static void load_parked(Worker *w);
 
 /* a Kafka timestamp (ms since the Unix epoch) as a timestamptz */
 static TimestampTz
@@ -508,11 +520,73 @@ add_part(Worker *w, const char *topic, int32 partition)
 }
 
 /*
+ * assigned_start
+ *		Where the assigned partition a starts, in on_assignment's
+ *		transaction: its stored next offset, stopped (a->stop) when the
+ *		partition's log does not hold it; with no row, the beginning (-1),
+ *		or for start_from latest the partition's end, recorded, so that a
+ *		restart before the first message starts there too and loses
+ *		nothing produced meanwhile.  The log's bounds are asked for until
+ *		deadline; after it the fetch's own answer judges.
+ */
+static void
+assigned_start(Worker *w, OutboxAssigned *a, TimestampTz deadline)
+{
+	Oid			types[4] = {TEXTOID, TEXTOID, INT4OID, INT8OID};
+	Datum		args[4];
+	bool		isnull;
+	OutboxLogRange range;
+
+	args[0] = CStringGetTextDatum(w->sub.group_id);
+	args[1] = CStringGetTextDatum(a->topic);
+	args[2] = Int32GetDatum(a->partition);
+	if (SPI_execute_with_args("SELECT o.next_offset FROM outbox.inbox_offsets o"
+							  " WHERE o.consumer_group OPERATOR(pg_catalog.=) $1"
+							  " AND o.topic OPERATOR(pg_catalog.=) $2"
+							  " AND o.kafka_partition OPERATOR(pg_catalog.=) $3",
+							  3, types, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the offsets failed");
+	a->offset = -1;
+	a->stop = false;
+	if (SPI_processed > 0)
+	{
+		a->offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 1, &isnull));
+		if (OutboxOffsetOutsideLog(w->consumer, a->topic, a->partition, a->offset,
+								   (int) TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+																		 deadline),
+								   &range))
+		{
+			a->stop = true;
+			OutboxReportStoppedPartition(w->slot, w->sub.name, a->topic,
+										 a->partition, a->offset, &range);
+		}
+	}
+	else if (!w->sub.earliest)
+	{
+		int64		end = OutboxConsumerQueryEnd(w->consumer, a->topic, a->partition, 5000);
+
+		if (end < 0)
+			elog(ERROR, "the end of partition %d of topic \"%s\" is not known",
+				 a->partition, a->topic);
+		args[3] = Int64GetDatum(end);
+		if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
+								  " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+								  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "recording where the partition starts failed");
+		a->offset = end;
+	}
+}
+
+/*
  * on_assignment
  *		The consumer's callback: partitions assigned start at the offsets
- *		the database holds; revoked ones are forgotten.  Runs inside
- *		librdkafka's poll, so every error is caught here and answered with
- *		false (nothing is assigned, and the worker restarts).
+ *		the database holds (assigned_start); revoked ones are forgotten.
+ *		The parked keys are read again: a partition may come from another
+ *		subscription of the group, which dead-lettered some of its keys
+ *		since this worker last read them.  Runs inside librdkafka's poll,
+ *		so every error is caught here and answered with false (nothing is
+ *		assigned, and the worker restarts).
  */
 static bool
 on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
@@ -530,7 +604,8 @@ on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
 	}
 	PG_TRY();
 	{
-		Oid			types[3] = {TEXTOID, TEXTOID, INT4OID};
+		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   ASSIGN_CHECK_MS);
 
 		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
@@ -538,55 +613,18 @@ on_assignment(OutboxAssigned *assigned, int n, bool is_assign, void *arg)
 		PushActiveSnapshot(GetTransactionSnapshot());
 		for (i = 0; i < n; i++)
 		{
-			Datum		args[3];
-			bool		isnull;
 			Part	   *p;
 
-			args[0] = CStringGetTextDatum(w->sub.group_id);
-			args[1] = CStringGetTextDatum(assigned[i].topic);
-			args[2] = Int32GetDatum(assigned[i].partition);
-			if (SPI_execute_with_args("SELECT o.next_offset FROM outbox.inbox_offsets o"
-									  " WHERE o.consumer_group OPERATOR(pg_catalog.=) $1"
-									  " AND o.topic OPERATOR(pg_catalog.=) $2"
-									  " AND o.kafka_partition OPERATOR(pg_catalog.=) $3",
-									  3, types, args, NULL, true, 1) != SPI_OK_SELECT)
-				elog(ERROR, "reading the offsets failed");
-			assigned[i].offset = -1;
-			if (SPI_processed > 0)
-				assigned[i].offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-																 SPI_tuptable->tupdesc, 1, &isnull));
-			else if (!w->sub.earliest)
-			{
-				/*
-				 * start_from latest: the partition's end now, recorded, so that
-				 * a restart before the first message starts there too and
-				 * loses nothing produced meanwhile.
-				 */
-				Oid			itypes[4] = {TEXTOID, TEXTOID, INT4OID, INT8OID};
-				Datum		iargs[4];
-				int64		end = OutboxConsumerQueryEnd(w->consumer, assigned[i].topic,
-														 assigned[i].partition, 5000);
-
-				if (end < 0)
-					elog(ERROR, "the end of partition %d of topic \"%s\" is not known",
-						 assigned[i].partition, assigned[i].topic);
-				iargs[0] = args[0];
-				iargs[1] = args[1];
-				iargs[2] = args[2];
-				iargs[3] = Int64GetDatum(end);
-				if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
-										  " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-										  4, itypes, iargs, NULL, false, 0) != SPI_OK_INSERT)
-					elog(ERROR, "recording where the partition starts failed");
-				assigned[i].offset = end;
-			}
+			assigned_start(w, &assigned[i], deadline);
 			p = add_part(w, assigned[i].topic, assigned[i].partition);
 			p->next_offset = assigned[i].offset;
 			p->retry_offset = -1;
 			p->retry_at = 0;
 			p->attempts = 0;
 			p->assigned = true;
+			p->stopped = assigned[i].stop;
 		}
+		load_parked(w);
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
@@ -1141,12 +1179,17 @@ batch_part(BatchPart *bps, int nbps, const OutboxInbound *m)
 /*
  * lock_partitions
  *		Lock the offset row of each partition of the batch (making it when
- *		missing) and read its next offset.
+ *		missing) and read its next offset.  A row another worker of the
+ *		group moved since this one last knew it makes the parked keys read
+ *		again, now that the lock orders the two (see on_assignment).  A row
+ *		moved back (outbox.subscription_seek()) is not for this batch: the
+ *		worker's position is past it.
  */
 static int
 lock_partitions(Worker *w, OutboxInbound *msgs, int n, BatchPart *bps)
 {
 	int			nbps = 0;
+	bool		moved = false;
 	int			i;
 
 	for (i = 0; i < n; i++)
@@ -1178,7 +1221,18 @@ lock_partitions(Worker *w, OutboxInbound *msgs, int n, BatchPart *bps)
 		bp->stored = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 												 SPI_tuptable->tupdesc, 1, &isnull));
 		bp->next = bp->stored;
+		if (bp->part->next_offset >= 0 && bp->stored < bp->part->next_offset)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("outbox subscription \"%s\": the next offset of partition %d of topic \"%s\" was moved back from " INT64_FORMAT " to " INT64_FORMAT,
+							w->sub.name, bp->part->partition, bp->part->topic,
+							bp->part->next_offset, bp->stored),
+					 errdetail("The worker stops and starts again from the stored offset.")));
+		if (bp->stored != bp->part->next_offset)
+			moved = true;
 	}
+	if (moved)
+		load_parked(w);
 	return nbps;
 }
 
@@ -1489,10 +1543,16 @@ load_parked(Worker *w)
 	if (!w->sub.block)
 		return;
 	args[0] = CStringGetTextDatum(w->sub.group_id);
+
+	/*
+	 * Not read-only: a snapshot of its own, taken now.  A batch calls this
+	 * after waiting for a partition's row, and must see the dead letters
+	 * the worker it waited for committed.
+	 */
 	if (SPI_execute_with_args("SELECT d.topic, d.key, pg_catalog.min(d.id) FROM outbox.inbox_dead_letters d"
 							  " WHERE d.consumer_group OPERATOR(pg_catalog.=) $1 AND d.key IS NOT NULL"
 							  " GROUP BY d.topic, d.key",
-							  1, types, args, NULL, true, 0) != SPI_OK_SELECT)
+							  1, types, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "reading the parked keys failed");
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -1666,6 +1726,69 @@ run_replays(Worker *w)
  * ---- The loop ----
  */
 
+/*
+ * take_resets
+ *		The partitions the consumer found outside their log since the last
+ *		poll: stopped, paused and reported.  A logical offset (the log's
+ *		beginning) that could not be looked up is tried again later.
+ */
+static void
+take_resets(Worker *w)
+{
+	OutboxAssigned *resets;
+	int			n = OutboxConsumerTakeResets(w->consumer, &resets);
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		OutboxAssigned *r = &resets[i];
+		Part	   *p = find_part(w, r->topic, r->partition);
+		OutboxLogRange range;
+		bool		known;
+
+		if (p == NULL || !p->assigned || p->stopped)
+			continue;
+		if (r->offset < 0)
+		{
+			OutboxConsumerRewind(w->consumer, r->topic, r->partition, r->offset);
+			p->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													  RESET_RETRY_MS);
+			continue;
+		}
+		p->stopped = true;
+		OutboxConsumerPause(w->consumer, r->topic, r->partition);
+		known = OutboxConsumerQueryLog(w->consumer, r->topic, r->partition,
+									   RESET_CHECK_MS, &range.low, &range.high);
+		OutboxReportStoppedPartition(w->slot, w->sub.name, r->topic, r->partition,
+									 r->offset, known ? &range : NULL);
+	}
+}
+
+/* the messages of the batch minus those of stopped partitions; how many */
+static int
+drop_stopped(Worker *w, OutboxInbound *msgs, int n)
+{
+	bool		any = false;
+	int			kept = 0;
+	int			i;
+
+	for (i = 0; i < w->nparts; i++)
+		any |= w->parts[i]->stopped;
+	if (!any)
+		return n;
+	for (i = 0; i < n; i++)
+	{
+		Part	   *p = find_part(w, msgs[i].topic, msgs[i].partition);
+
+		if (p != NULL && p->stopped)
+			continue;
+		if (kept != i)
+			msgs[kept] = msgs[i];
+		kept++;
+	}
+	return kept;
+}
+
 static void
 report_parts(Worker *w)
 {
@@ -1685,7 +1808,8 @@ report_parts(Worker *w)
 		strlcpy(parts[n].topic, p->topic, sizeof(parts[n].topic));
 		parts[n].partition = p->partition;
 		parts[n].next_offset = p->next_offset;
-		parts[n].high = w->consumer ?
+		/* a stopped partition's lag is not known: its log is another */
+		parts[n].high = w->consumer && !p->stopped ?
 			OutboxConsumerHighWatermark(w->consumer, p->topic, p->partition) : -1;
 		n++;
 	}
@@ -1700,12 +1824,14 @@ resume_due(Worker *w)
 	TimestampTz now = GetCurrentTimestamp();
 	long		next = WAIT_IDLE_MS;
 	bool		retrying = false;
+	bool		stopped = false;
 	int			i;
 
 	for (i = 0; i < w->nparts; i++)
 	{
 		Part	   *p = w->parts[i];
 
+		stopped |= p->stopped && p->assigned;
 		if (p->retry_at == 0)
 			continue;
 		if (p->retry_at <= now)
@@ -1719,7 +1845,8 @@ resume_due(Worker *w)
 			next = Min(next, Max(1, TimestampDifferenceMilliseconds(now, p->retry_at)));
 		}
 	}
-	OutboxInboxSetState(w->slot, retrying ? OUTBOX_INBOX_RETRYING : OUTBOX_INBOX_RUNNING);
+	OutboxInboxSetState(w->slot, stopped ? OUTBOX_INBOX_PARTITION_STOPPED :
+						retrying ? OUTBOX_INBOX_RETRYING : OUTBOX_INBOX_RUNNING);
 	return next;
 }
 
@@ -1929,6 +2056,7 @@ OutboxConsumerMain(Datum main_arg)
 	{
 		long		timeout;
 		int			n = 0;
+		int			kept;
 		TimestampTz now;
 
 		CHECK_FOR_INTERRUPTS();
@@ -1970,9 +2098,11 @@ OutboxConsumerMain(Datum main_arg)
 			if (OutboxConsumerTakeError(w->consumer, err, sizeof(err)))
 				OutboxInboxSetError(w->slot, err);
 		}
-		if (n > 0)
-			apply_batch(w, msgs, n);
-		if (n > 0 || TimestampDifferenceExceeds(w->last_report, now, WAIT_IDLE_MS))
+		take_resets(w);
+		kept = drop_stopped(w, msgs, n);
+		if (kept > 0)
+			apply_batch(w, msgs, kept);
+		if (kept > 0 || TimestampDifferenceExceeds(w->last_report, now, WAIT_IDLE_MS))
 		{
 			report_parts(w);
 			w->last_report = now;

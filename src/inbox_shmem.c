@@ -71,6 +71,7 @@ static const char *const inbox_state_names[] = {
 	[OUTBOX_INBOX_STARTING] = "starting",
 	[OUTBOX_INBOX_RUNNING] = "running",
 	[OUTBOX_INBOX_RETRYING] = "retrying",
+	[OUTBOX_INBOX_PARTITION_STOPPED] = "partition stopped",
 	[OUTBOX_INBOX_NOT_CONFIGURED] = "not configured",
 	[OUTBOX_INBOX_STOPPED] = "stopped",
 };

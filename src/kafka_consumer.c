@@ -7,11 +7,18 @@
  *
  * Invariants:
  *	- The database's offsets are the truth.  On assignment the worker's
- *	  callback reads them (OutboxAssignFn) and the partitions start there;
- *	  when it has none, Kafka's committed offset, then start_from, decides.
- *	  Offsets are committed to Kafka only after the database committed
- *	  them, asynchronously and only for people watching the group's lag,
- *	  so Kafka's committed offset is never ahead of the database's.
+ *	  callback reads them (OutboxAssignFn) and each partition starts at an
+ *	  explicit offset: the stored one, else the log's beginning (or the
+ *	  end the worker recorded, for start_from latest).  Offsets are
+ *	  committed to Kafka only after the database committed them,
+ *	  asynchronously and only for people watching the group's lag, so
+ *	  Kafka's committed offset is never ahead of the database's.
+ *	- librdkafka never moves a partition by itself: auto.offset.reset is
+ *	  error, so a position outside the partition's log (a rebuilt
+ *	  cluster, a re-created topic, retention past it) comes back as an
+ *	  offset reset for the worker to take (OutboxConsumerTakeResets), and
+ *	  the partition stops fetching.  A partition the worker stops on
+ *	  assignment is assigned paused.
  *	- Nothing here ERRORs while librdkafka is on the stack: callbacks run in
  *	  the worker's thread from inside rd_kafka_consumer_poll and use
  *	  malloc; the assignment callback catches its own errors.  Broker
@@ -44,6 +51,7 @@ struct OutboxConsumer
 	char		error[256];
 	int			error_count;
 	rd_kafka_topic_partition_list_t *to_commit;
+	rd_kafka_topic_partition_list_t *resets;	/* offset resets not yet taken */
 	char	   *built_brokers;	/* malloc'd: the settings it was built from */
 	char	   *built_config;
 	char	   *built_secrets;
@@ -101,14 +109,22 @@ hand_over(OutboxConsumer *c, rd_kafka_topic_partition_list_t *partitions,
 			parts[i].topic = partitions->elems[i].topic;
 			parts[i].partition = partitions->elems[i].partition;
 			parts[i].offset = -1;
+			parts[i].stop = false;
 		}
 		ok = c->assign(parts, partitions->cnt, assigned, c->arg);
 	}
 	if (assigned && ok)
 	{
+		rd_kafka_topic_partition_list_t *stopped = rd_kafka_topic_partition_list_new(1);
+
 		for (i = 0; i < partitions->cnt; i++)
+		{
 			partitions->elems[i].offset = parts[i].offset >= 0 ?
 				parts[i].offset : RD_KAFKA_OFFSET_BEGINNING;
+			if (parts[i].stop)
+				rd_kafka_topic_partition_list_add(stopped, parts[i].topic,
+												  parts[i].partition);
+		}
 		if (cooperative)
 		{
 			rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, partitions);
@@ -124,6 +140,9 @@ hand_over(OutboxConsumer *c, rd_kafka_topic_partition_list_t *partitions,
 			(void) rd_kafka_assign(rk, partitions);
 		/* a partition paused for a retry before the rebalance fetches again */
 		(void) rd_kafka_resume_partitions(rk, partitions);
+		if (stopped->cnt > 0)
+			(void) rd_kafka_pause_partitions(rk, stopped);
+		rd_kafka_topic_partition_list_destroy(stopped);
 	}
 	else if (assigned)
 	{
@@ -167,6 +186,8 @@ free_memo(OutboxConsumer *c)
 		return;
 	if (c->to_commit != NULL)
 		rd_kafka_topic_partition_list_destroy(c->to_commit);
+	if (c->resets != NULL)
+		rd_kafka_topic_partition_list_destroy(c->resets);
 	free(c->built_brokers);
 	free(c->built_config);
 	free(c->built_secrets);
@@ -204,11 +225,11 @@ OutboxConsumerCreate(const char *group_id, const char *client_id,
 		{"group.id", group_id},
 		{"client.id", client_id},
 		/*
-		 * Where a partition goes when its offset is gone (retention passed
-		 * it): to what is left, never past it.  Where a new subscription
-		 * starts is decided on assignment (consumer.c), not here.
+		 * A position outside the log is the worker's to judge, never taken
+		 * as read: see the invariants.  Where a new subscription starts is
+		 * decided on assignment (consumer.c), not here.
 		 */
-		{"auto.offset.reset", "earliest"},
+		{"auto.offset.reset", "error"},
 		{"enable.auto.commit", "false"},
 		{"enable.auto.offset.store", "false"},
 		{"enable.partition.eof", "false"},
@@ -274,6 +295,20 @@ OutboxConsumerCreate(const char *group_id, const char *client_id,
 	return c;
 }
 
+/* an offset reset of topic/partition at offset, for the worker to take */
+static void
+note_reset(OutboxConsumer *c, const char *topic, int32 partition, int64 offset)
+{
+	rd_kafka_topic_partition_t *p;
+
+	if (c->resets == NULL)
+		c->resets = rd_kafka_topic_partition_list_new(4);
+	p = rd_kafka_topic_partition_list_find(c->resets, topic, partition);
+	if (p == NULL)
+		p = rd_kafka_topic_partition_list_add(c->resets, topic, partition);
+	p->offset = offset;
+}
+
 static char *
 copy_bytes(const void *data, size_t len, MemoryContext cxt)
 {
@@ -313,7 +348,11 @@ OutboxConsumerPoll(OutboxConsumer *c, OutboxInbound *out, int max, MemoryContext
 			break;
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
-			record_error(c, rd_kafka_err2name(m->err), rd_kafka_message_errstr(m));
+			/* a reset the worker reports itself, with the log's bounds */
+			if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL)
+				note_reset(c, rd_kafka_topic_name(m->rkt), m->partition, m->offset);
+			else
+				record_error(c, rd_kafka_err2name(m->err), rd_kafka_message_errstr(m));
 			rd_kafka_message_destroy(m);
 			continue;
 		}
@@ -432,21 +471,83 @@ OutboxConsumerCommit(OutboxConsumer *c, const char *topic, int32 partition,
 }
 
 /*
+ * OutboxConsumerQueryLog
+ *		Ask the partition's leader where its log starts (*low) and ends
+ *		(*high, the offset the next message gets), waiting at most
+ *		timeout_ms.  False when it does not answer.
+ */
+bool
+OutboxConsumerQueryLog(OutboxConsumer *c, const char *topic, int32 partition,
+					   int timeout_ms, int64 *low, int64 *high)
+{
+	int64_t		lo;
+	int64_t		hi;
+
+	if (timeout_ms <= 0 ||
+		rd_kafka_query_watermark_offsets(c->rk, topic, partition, &lo, &hi,
+										 timeout_ms) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+		lo < 0 || hi < lo)
+		return false;
+	*low = lo;
+	*high = hi;
+	return true;
+}
+
+/*
  * OutboxConsumerQueryEnd
- *		Ask the partition's leader for its end offset (at most timeout_ms);
- *		-1 when it does not answer.  Called from the assignment callback.
+ *		The partition's end offset (at most timeout_ms); -1 when its
+ *		leader does not answer.  Called from the assignment callback.
  */
 int64
 OutboxConsumerQueryEnd(OutboxConsumer *c, const char *topic, int32 partition,
 					   int timeout_ms)
 {
-	int64_t		low;
-	int64_t		high;
+	int64		low;
+	int64		high;
 
-	if (rd_kafka_query_watermark_offsets(c->rk, topic, partition, &low, &high,
-										 timeout_ms) != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (!OutboxConsumerQueryLog(c, topic, partition, timeout_ms, &low, &high))
 		return -1;
 	return high;
+}
+
+/*
+ * OutboxConsumerTakeResets
+ *		The partitions librdkafka would have moved since the last call
+ *		(auto.offset.reset is error: they stopped fetching instead), each
+ *		with the offset it was at: palloc'd in the current memory context,
+ *		*resets NULL when there are none.  An offset below 0 is a logical
+ *		one (the log's beginning or end) that could not be looked up.
+ */
+int
+OutboxConsumerTakeResets(OutboxConsumer *c, OutboxAssigned **resets)
+{
+	int			n = c->resets != NULL ? c->resets->cnt : 0;
+	int			i;
+
+	*resets = NULL;
+	if (n == 0)
+		return 0;
+	*resets = palloc(sizeof(OutboxAssigned) * n);
+	for (i = 0; i < n; i++)
+	{
+		(*resets)[i].topic = pstrdup(c->resets->elems[i].topic);
+		(*resets)[i].partition = c->resets->elems[i].partition;
+		(*resets)[i].offset = c->resets->elems[i].offset;
+		(*resets)[i].stop = false;
+	}
+	rd_kafka_topic_partition_list_destroy(c->resets);
+	c->resets = NULL;
+	return n;
+}
+
+/* stop fetching topic/partition, where it is, until a resume */
+void
+OutboxConsumerPause(OutboxConsumer *c, const char *topic, int32 partition)
+{
+	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, 0);
+
+	(void) rd_kafka_pause_partitions(c->rk, list);
+	rd_kafka_topic_partition_list_destroy(list);
 }
 
 /* the partition's high watermark as the last fetch told it, -1 unknown */

@@ -498,6 +498,8 @@ typedef enum OutboxInboxState
 	OUTBOX_INBOX_STARTING = 0,
 	OUTBOX_INBOX_RUNNING,
 	OUTBOX_INBOX_RETRYING,		/* a handler failed: its partition waits */
+	OUTBOX_INBOX_PARTITION_STOPPED, /* a partition's log does not hold its
+									 * next offset: see consumer_range.c */
 	OUTBOX_INBOX_NOT_CONFIGURED,
 	OUTBOX_INBOX_STOPPED
 } OutboxInboxState;
@@ -609,6 +611,7 @@ typedef struct OutboxAssigned
 	const char *topic;
 	int32		partition;
 	int64		offset;			/* -1: the partition's beginning */
+	bool		stop;			/* the worker stopped it: assigned paused */
 } OutboxAssigned;
 
 /*
@@ -634,13 +637,35 @@ extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,
 								 int32 partition);
 extern void OutboxConsumerCommit(OutboxConsumer *consumer, const char *topic,
 								 int32 partition, int64 next_offset);
+extern bool OutboxConsumerQueryLog(OutboxConsumer *consumer, const char *topic,
+								   int32 partition, int timeout_ms,
+								   int64 *low, int64 *high);
 extern int64 OutboxConsumerQueryEnd(OutboxConsumer *consumer, const char *topic,
 									int32 partition, int timeout_ms);
+extern int	OutboxConsumerTakeResets(OutboxConsumer *consumer, OutboxAssigned **resets);
+extern void OutboxConsumerPause(OutboxConsumer *consumer, const char *topic,
+								int32 partition);
 extern int64 OutboxConsumerHighWatermark(OutboxConsumer *consumer,
 										 const char *topic, int32 partition);
 extern bool OutboxConsumerTakeError(OutboxConsumer *consumer, char *buf, size_t len);
 extern bool OutboxConsumerOutdated(const OutboxConsumer *consumer);
 extern void OutboxConsumerDestroy(OutboxConsumer *consumer, int timeout_ms);
+
+/* consumer_range.c: a partition whose log does not hold the group's next offset */
+typedef struct OutboxLogRange
+{
+	int64		low;			/* the first offset the log holds */
+	int64		high;			/* the offset its next message gets */
+} OutboxLogRange;
+
+extern bool OutboxOffsetOutsideLog(OutboxConsumer *consumer, const char *topic,
+								   int32 partition, int64 next_offset,
+								   int timeout_ms, OutboxLogRange *range);
+extern void OutboxReportStoppedPartition(OutboxInboxSlot *slot,
+										 const char *subscription,
+										 const char *topic, int32 partition,
+										 int64 next_offset,
+										 const OutboxLogRange *range);
 
 /* subscribe.c: subscribe(), unsubscribe() and what they share with the worker */
 extern Oid	OutboxHandlerByName(const char *text);

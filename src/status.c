@@ -739,11 +739,33 @@ subscription_verdict(double limit, const char **status)
 }
 
 /*
+ * stopped_subscription
+ *		health()'s reason when a subscription worker of this database has a
+ *		partition stopped (consumer_range.c: nothing of it is applied until
+ *		someone decides), NULL when none has.
+ */
+static char *
+stopped_subscription(void)
+{
+	OutboxInboxView *views;
+	int			n = OutboxInboxList(MyDatabaseId, &views);
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (views[i].pid != 0 && views[i].state == OUTBOX_INBOX_PARTITION_STOPPED)
+			return psprintf("subscription \"%s\" has a partition stopped: its log does not hold the group's next offset (see outbox.subscription_status(); outbox.subscription_seek() resumes it)",
+							views[i].name);
+	return NULL;
+}
+
+/*
  * outbox_health
  *		SQL outbox.health(max_age interval): (status, reason), judged by the
  *		oldest undelivered event's age and the relay's state, then by the
- *		subscriptions left without a worker: the relay's critical verdicts
- *		come first, then theirs, then the relay's warnings, then theirs.
+ *		subscriptions: a partition stopped is critical; one left without a
+ *		worker is judged by subscription_verdict().  The relay's critical
+ *		verdicts come first, then the subscriptions' critical ones, then the
+ *		relay's warnings, then the subscriptions' warnings.
  */
 Datum
 outbox_health(PG_FUNCTION_ARGS)
@@ -775,12 +797,18 @@ outbox_health(PG_FUNCTION_ARGS)
 	{
 		const char *sub_status;
 		char	   *sub_reason;
+		char	   *stopped;
 
 		take_snapshot(&snap);
 		reason = judge_health(&snap, limit, &status);
-		if (strcmp(status, "critical") != 0 &&
-			(sub_reason = subscription_verdict(limit, &sub_status)) != NULL &&
-			(strcmp(sub_status, "critical") == 0 || strcmp(status, "ok") == 0))
+		if (strcmp(status, "critical") != 0 && (stopped = stopped_subscription()) != NULL)
+		{
+			status = "critical";
+			reason = stopped;
+		}
+		else if (strcmp(status, "critical") != 0 &&
+				 (sub_reason = subscription_verdict(limit, &sub_status)) != NULL &&
+				 (strcmp(sub_status, "critical") == 0 || strcmp(status, "ok") == 0))
 		{
 			status = sub_status;
 			reason = sub_reason;

@@ -2,9 +2,9 @@
  *
  * subscribe.c
  *		The SQL side of subscriptions, in user backends: subscribe(),
- *		unsubscribe(), the trigger that tells the launcher at commit,
- *		inbox_wake(), and what subscription_status() and subscription_lag()
- *		read.
+ *		unsubscribe(), subscription_seek(), the trigger that tells the
+ *		launcher at commit, inbox_wake(), and what subscription_status()
+ *		and subscription_lag() read.
  *
  * Invariants:
  *	- subscribe() is SECURITY INVOKER: the subscription's owner is the
@@ -12,7 +12,8 @@
  *	  handler.  Only the row's insert runs with the extension owner's
  *	  rights (the caller has none on outbox.subscriptions), with a pinned
  *	  search_path and every name qualified.
- *	- unsubscribe() is allowed to the owner's members and superusers only.
+ *	- unsubscribe() is allowed to the owner's members and superusers only;
+ *	  subscription_seek() (the group's offsets) to those of all its owners.
  *	- Shared memory hears of a subscription only at commit (a statement
  *	  trigger's names, kept until then); the worker reads the row itself,
  *	  so a slot is a cue, never the truth.
@@ -47,6 +48,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_subscribe);
 PG_FUNCTION_INFO_V1(outbox_unsubscribe);
+PG_FUNCTION_INFO_V1(outbox_subscription_seek);
 PG_FUNCTION_INFO_V1(outbox_subscriptions_changed);
 PG_FUNCTION_INFO_V1(outbox_inbox_wake);
 PG_FUNCTION_INFO_V1(outbox_subscription_status);
@@ -587,6 +589,121 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	SPI_finish();
 	as_owner_end(&save);
 	PG_RETURN_BOOL(found);
+}
+
+/*
+ * seek_check
+ *		The group of subscription name, after checking that it consumes
+ *		topic and that caller has the privileges of every owner in the
+ *		group, whose workers restart at commit (remembered).  Runs
+ *		connected to SPI as the extension's owner, and ends both before an
+ *		error.  The result is palloc'd in outer.
+ */
+static char *
+seek_check(const char *name, const char *topic, Oid caller, AsOwner *save,
+		   MemoryContext outer)
+{
+	Oid			types[2] = {TEXTOID, TEXTOID};
+	Datum		args[2];
+	bool		isnull;
+	char	   *group_id = NULL;
+	char	   *refused = NULL;
+	bool		consumes = false;
+	uint64		i;
+
+	args[0] = CStringGetTextDatum(name);
+	args[1] = CStringGetTextDatum(topic);
+	/* FOR SHARE: the group's rows stay until commit */
+	if (SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid, s.group_id,"
+							  " s.name OPERATOR(pg_catalog.=) $1 AND $2 OPERATOR(pg_catalog.=) ANY (s.topics)"
+							  " FROM outbox.subscriptions s WHERE s.group_id OPERATOR(pg_catalog.=) ("
+							  "  SELECT g.group_id FROM outbox.subscriptions g WHERE g.name OPERATOR(pg_catalog.=) $1)"
+							  " ORDER BY s.name FOR SHARE",
+							  2, types, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading the subscription's group failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	t = SPI_tuptable->vals[i];
+		char	   *member = TextDatumGetCString(SPI_getbinval(t, SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (refused == NULL &&
+			!has_privs_of_role(caller, DatumGetObjectId(SPI_getbinval(t, SPI_tuptable->tupdesc, 2, &isnull))))
+			refused = MemoryContextStrdup(outer, member);
+		group_id = MemoryContextStrdup(outer, TextDatumGetCString(SPI_getbinval(t, SPI_tuptable->tupdesc, 3, &isnull)));
+		consumes |= DatumGetBool(SPI_getbinval(t, SPI_tuptable->tupdesc, 4, &isnull));
+		remember(&changed_names, member);
+	}
+	if (group_id == NULL || refused != NULL || !consumes)
+	{
+		SPI_finish();
+		as_owner_end(save);
+	}
+	if (group_id == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("subscription \"%s\" does not exist", name)));
+	if (refused != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("must be a member of the role that owns subscription \"%s\"", refused),
+				 errdetail("The subscriptions of consumer group \"%s\" share its offsets.", group_id)));
+	if (!consumes)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("subscription \"%s\" does not consume topic \"%s\"", name, topic)));
+	return group_id;
+}
+
+/*
+ * outbox_subscription_seek
+ *		SQL outbox.subscription_seek(subscription, topic, kafka_partition,
+ *		next_offset): set the consumer group's next offset of one partition;
+ *		at commit the group's workers start again and take it.
+ */
+Datum
+outbox_subscription_seek(PG_FUNCTION_ARGS)
+{
+	static const char *const argnames[] = {"subscription", "topic", "kafka_partition", "next_offset"};
+	Oid			types[4] = {TEXTOID, TEXTOID, INT4OID, INT8OID};
+	Datum		args[4];
+	char	   *name;
+	char	   *topic;
+	AsOwner		save;
+	Oid			caller = GetUserId();
+	MemoryContext outer = CurrentMemoryContext;
+	int			i;
+
+	for (i = 0; i < lengthof(argnames); i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be null", argnames[i])));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	topic = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	if (PG_GETARG_INT32(2) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("kafka_partition must not be negative")));
+	if (PG_GETARG_INT64(3) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("next_offset must not be negative"),
+				 errhint("The next offset is that of the first message to apply: 0 for a log that starts over.")));
+
+	as_owner_begin(&save);
+	SPI_connect();
+	args[0] = CStringGetTextDatum(seek_check(name, topic, caller, &save, outer));
+	args[1] = CStringGetTextDatum(topic);
+	args[2] = Int32GetDatum(PG_GETARG_INT32(2));
+	args[3] = Int64GetDatum(PG_GETARG_INT64(3));
+	if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
+							  " VALUES ($1, $2, $3, $4) ON CONFLICT (consumer_group, topic, kafka_partition)"
+							  " DO UPDATE SET next_offset = excluded.next_offset, updated_at = pg_catalog.now()",
+							  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "setting the next offset failed");
+	SPI_finish();
+	as_owner_end(&save);
+	PG_RETURN_VOID();
 }
 
 /* the name column (1) of each row of a transition table */
