@@ -212,11 +212,15 @@ if (grep { $_ eq '1.7' } @released)
 		'subs_kept', q{
 CREATE EXTENSION outbox VERSION '1.7';
 CREATE ROLE subscriber;
+CREATE ROLE planter;
 CREATE FUNCTION public.keep(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION public.planted(m outbox.inbound_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+ALTER FUNCTION public.planted(outbox.inbound_message) OWNER TO planter;
 -- the rows 1.7's subscribe() wrote (this library's refuses to run on 1.7's objects)
 INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id, created_at) VALUES
 	('kept', ARRAY['t1'], 'public.keep(outbox.inbound_message)', 'subscriber', 'kept', now() - interval '2 s'),
-	('lost', ARRAY['t2'], 'public.gone(outbox.inbound_message)', 'subscriber', 'lost', now() - interval '1 s');
+	('lost', ARRAY['t2'], 'public.gone(outbox.inbound_message)', 'subscriber', 'lost', now() - interval '1 s'),
+	('planted', ARRAY['t2'], 'public.planted(outbox.inbound_message)', 'subscriber', 'planted', now());
 INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset) VALUES ('orphan', 't3', 0, 5);
 INSERT INTO outbox.inbox (consumer, event_id) VALUES ('outbox:kept', 'f3000000-0000-7000-8000-000000000001');
 });
@@ -227,15 +231,16 @@ INSERT INTO outbox.inbox (consumer, event_id) VALUES ('outbox:kept', 'f3000000-0
 	$node->safe_psql('subs_kept', "ALTER EXTENSION outbox UPDATE TO '1.8'");
 	is( $node->safe_psql(
 			'subs_kept', q{
-SELECT string_agg(s.name || ' ' || s.handler::text || ' ' || (s.handler::oid = 'public.keep(outbox.inbound_message)'::regprocedure::oid)
-		|| ' ' || s.handler_owner::text, ', ' ORDER BY s.name)
+SELECT string_agg(s.name || ' ' || s.handler || ' ' || s.handler_owner::text, ', ' ORDER BY s.name)
   FROM outbox.subscriptions s}),
-		'kept keep(outbox.inbound_message) true ' . $node->safe_psql('subs_kept', 'SELECT current_user')
-		  . ', lost - false subscriber',
-		'1.7 to 1.8: handlers become OIDs with their owner, a dropped one OID 0');
+		'kept public.keep(outbox.inbound_message) ' . $node->safe_psql('subs_kept', 'SELECT current_user')
+		  . ', lost public.gone(outbox.inbound_message) subscriber'
+		  . ', planted public.planted(outbox.inbound_message) subscriber',
+		'1.7 to 1.8: a handler owned by a superuser keeps its owner; one missing, or owned by a role the subscriber has no privileges of, is recorded as the subscriber\'s (refused until subscribed again)');
 	is($node->safe_psql('subs_kept',
 		q{SELECT string_agg(group_id || ' ' || owner::text, ', ' ORDER BY group_id) FROM outbox.inbox_groups}),
-		'kept subscriber, lost subscriber, orphan ' . $node->safe_psql('subs_kept', 'SELECT current_user'),
+		'kept subscriber, lost subscriber, orphan ' . $node->safe_psql('subs_kept', 'SELECT current_user')
+		  . ', planted subscriber',
 		'1.7 to 1.8: each consumer group with state has its owner');
 	is($node->safe_psql('subs_kept', q{SELECT count(*) FROM outbox.inbox WHERE consumer = 'outbox:kept'}), '1',
 		'1.7 to 1.8: the unscoped dedupe rows are kept');
