@@ -513,15 +513,27 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 /*
  * purge_group
  *		Remove a consumer group's state and its ownership (as the
- *		extension's owner, inside SPI), once no subscription uses it.
+ *		extension's owner, inside SPI), once no subscription uses it; for
+ *		roles with the privileges of the group's owner.
  */
 static void
-purge_group(const char *group_id)
+purge_group(const char *group_id, Oid caller)
 {
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1];
+	bool		isnull;
 
 	args[0] = CStringGetTextDatum(group_id);
+	if (SPI_execute_with_args("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
+							  " WHERE g.group_id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the consumer group failed");
+	if (SPI_processed > 0 &&
+		!has_privs_of_role(caller, DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+																  SPI_tuptable->tupdesc, 1, &isnull))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("must be a member of the role that owns consumer group \"%s\" to purge it", group_id)));
 	if (SPI_execute_with_args("SELECT s.name FROM outbox.subscriptions s"
 							  " WHERE s.group_id OPERATOR(pg_catalog.=) $1 ORDER BY s.name LIMIT 1",
 							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
@@ -585,7 +597,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
 		elog(ERROR, "deleting the subscription failed");
 	if (found && purge)
-		purge_group(group_id);
+		purge_group(group_id, caller);
 	SPI_finish();
 	as_owner_end(&save);
 	PG_RETURN_BOOL(found);
