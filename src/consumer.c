@@ -657,19 +657,56 @@ is_text(const char *s, int len)
 	return s != NULL && pg_verify_mbstr(GetDatabaseEncoding(), s, len, true);
 }
 
+/* whether name is one of the relay's own headers */
+static bool
+relay_header(const char *name)
+{
+	int			i;
+
+	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+		if (strcmp(name, OutboxHeaderNames[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * header
+ *		The value of header name, NULL when absent or not text.  The relay
+ *		writes its own headers first, then the caller's: for a relay name
+ *		the first wins (a caller header of that name, which emit() refuses
+ *		since 1.8, cannot override it); for any other the last wins.
+ */
 static const char *
 header(const OutboxInbound *m, const char *name)
 {
 	int			i;
 	const char *found = NULL;
+	bool		first_wins = relay_header(name);
 
-	/* the last of a name wins, as a reader of the relay's headers expects */
 	for (i = 0; i < m->nheaders; i++)
 		if (strcmp(m->header_names[i], name) == 0)
+		{
 			found = (m->header_values[i] != NULL &&
 					 is_text(m->header_values[i], m->header_lens[i])) ?
 				m->header_values[i] : NULL;
+			if (first_wins)
+				break;
+		}
 	return found;
+}
+
+/* whether header i repeats a relay header met before it (see header()) */
+static bool
+repeated_relay_header(const OutboxInbound *m, int i)
+{
+	int			j;
+
+	if (!relay_header(m->header_names[i]))
+		return false;
+	for (j = 0; j < i; j++)
+		if (strcmp(m->header_names[j], m->header_names[i]) == 0)
+			return true;
+	return false;
 }
 
 /* the id header as a uuid, when it is one */
@@ -720,7 +757,7 @@ headers_json(const OutboxInbound *m)
 	{
 		const char *name = m->header_names[i];
 
-		if (!is_text(name, strlen(name)))
+		if (!is_text(name, strlen(name)) || repeated_relay_header(m, i))
 			continue;
 		if (!first)
 			appendStringInfoString(&buf, ", ");
