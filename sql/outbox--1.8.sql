@@ -1256,3 +1256,38 @@ AS 'MODULE_PATHNAME', 'outbox_subscription_seek';
 REVOKE ALL ON FUNCTION outbox.subscription_seek(text, text, integer, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION outbox.subscription_seek(text, text, integer, bigint) IS
 	'Sets the offset of the first message of a partition the subscription''s consumer group applies next (0: a log that starts over) and restarts the group''s workers';
+
+/*
+ * The database's origin (1.8): a UUID made at install, sent by the relay
+ * as every message's origin header, by which subscribers scope their
+ * dedupe.  Kept by pg_dump (a restored row replaces the install's own, so
+ * events sent again after a restore keep their origin), by pg_upgrade and
+ * by a copy of the database, so an event keeps one origin wherever its
+ * row goes and whichever relay sends it.
+ */
+CREATE TABLE outbox.origin (
+	origin			uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
+	one_row			boolean PRIMARY KEY DEFAULT true
+		CONSTRAINT origin_one_row CHECK (one_row)
+);
+COMMENT ON TABLE outbox.origin IS
+	'The origin header the relay sends with every message of this database: subscribers scope their dedupe by it';
+SELECT pg_catalog.pg_extension_config_dump('outbox.origin', '');
+REVOKE ALL ON outbox.origin FROM PUBLIC;
+
+CREATE FUNCTION outbox.origin_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.origin;
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION outbox.origin_restored() IS
+	'Trigger: a restored origin replaces the one the install made';
+REVOKE ALL ON FUNCTION outbox.origin_restored() FROM PUBLIC;
+CREATE TRIGGER origin_restored BEFORE INSERT ON outbox.origin
+	FOR EACH ROW EXECUTE FUNCTION outbox.origin_restored();
+INSERT INTO outbox.origin DEFAULT VALUES;

@@ -379,6 +379,10 @@ extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **value
 									char num[2][32]);
 extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
 extern const char *OutboxOrigin(void);
+extern void OutboxSetOrigin(const char *value);
+
+/* the origin header's value: a UUID's text (message.c) */
+#define OUTBOX_ORIGIN_MAX 36
 extern void OutboxCheckHeaderName(const char *name);
 
 /* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
@@ -442,6 +446,7 @@ typedef struct OutboxBatch
 
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
+extern void OutboxStoreLoadOrigin(void);
 extern int64 OutboxStoreAdoptRestored(bool force);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,

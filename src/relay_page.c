@@ -106,6 +106,7 @@ OutboxRelayLoadProgress(Relay *r, Oid dboid)
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension(r);
 	OutboxStoreLoadProgress(&r->batch, r->cxt);
+	OutboxStoreLoadOrigin();
 	OutboxRelayLoadHolds(r);
 	OutboxRelayEndTxn(r);
 }
@@ -181,6 +182,8 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 		OutboxRelayReloadBlocked(r);
 	if (!r->batch_open)
 	{
+		/* the origin, once a batch: an update to 1.8 makes one */
+		OutboxStoreLoadOrigin();
 		if (!OutboxStoreOpenBatch(&r->batch, r->cxt))
 		{
 			OutboxRelayEndTxn(r);
@@ -368,6 +371,8 @@ OutboxRelayAdoptRestored(Relay *r)
 	force = r->restore_waiting_since != 0 &&
 		TimestampDifferenceExceeds(r->restore_waiting_since, now, RELAY_RESTORE_WAIT_MS);
 	OutboxRelayBeginTxn("adopting restored events");
+	/* a restore brings its origin too */
+	OutboxStoreLoadOrigin();
 	published = OutboxStoreAdoptRestored(force);
 	OutboxRelayEndTxn(r);
 	if (published == -2)

@@ -246,6 +246,31 @@ getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
 }
 
 /*
+ * OutboxStoreLoadOrigin
+ *		Make this database's outbox.origin the origin the relay sends (in
+ *		the caller's transaction).  SQL objects older than 1.8 have none.
+ */
+void
+OutboxStoreLoadOrigin(void)
+{
+	HeapTuple	tup;
+	bool		isnull;
+
+	SPI_connect();
+	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.origin') IS NOT NULL",
+						 "look for the origin");
+	if (!DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
+		OutboxSetOrigin(NULL);
+	else
+	{
+		tup = OutboxStoreRow("SELECT o.origin::pg_catalog.text FROM outbox.origin o",
+							 "read the origin");
+		OutboxSetOrigin(getstr(tup, SPI_tuptable->tupdesc, 1, CurrentMemoryContext));
+	}
+	SPI_finish();
+}
+
+/*
  * OutboxStoreLoadProgress
  *		Read the progress row into *batch (strings allocated in cxt).
  */

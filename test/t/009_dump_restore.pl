@@ -134,6 +134,9 @@ is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.restored_events'), '0',
 	'no restored event is left unjudged');
 is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.relay_progress'), '1',
 	'one progress row is left, the database\'s own');
+is($src->safe_psql('shop2', 'SELECT count(*), min(origin::text) FROM outbox.origin'),
+	'1|' . $src->safe_psql('shop', 'SELECT origin FROM outbox.origin'),
+	'the restored database keeps the origin of the dumped one (subscribers dedupe its resent events)');
 
 # --- a fresh cluster, from the plain dump through psql with ON_ERROR_STOP
 my $fresh = outbox_node('dumpdst', $kafka, conf => $no_holds);
@@ -141,6 +144,8 @@ $fresh->safe_psql('postgres', 'CREATE DATABASE shop');
 ($rc, $out, $err) = run_tool('psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $fresh->connstr('shop'),
 	'-f', "$dir/shop.sql");
 is($rc, 0, 'pg_dump | psql with ON_ERROR_STOP into a fresh cluster succeeds') or diag($err);
+is($fresh->safe_psql('shop', 'SELECT origin FROM outbox.origin'), $src->safe_psql('shop', 'SELECT origin FROM outbox.origin'),
+	'so does a plain dump restored into a fresh cluster');
 unlike($err, qr/ERROR/, 'and reports no error');
 ok( $fresh->safe_psql('shop', 'SELECT pg_current_xact_id()::text::bigint') < $src_txid,
 	'the fresh cluster has not reached the restored events\' transaction ids');

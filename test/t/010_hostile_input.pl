@@ -39,11 +39,10 @@ ok(defined $pid, 'the relay runs');
 # An event of topic "sized", key "k", no seq, payload {"s": "a...a"} of
 # n + 9 bytes and one caller header h=v: 36 bytes of record overhead, 1 of
 # key, 150 of headers (the relay's seven that are not origin, and h=v:
-# names, values and their varint lengths), plus the origin header
-# ("<system identifier>/<database OID>", its name and two varints), so it
-# is 196 + origin + n bytes as librdkafka counts it.
-my $origin = $node->safe_psql('postgres',
-	"SELECT system_identifier || '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) FROM pg_control_system()");
+# names, values and their varint lengths), plus the origin header (the
+# database's outbox.origin, a UUID: its name, value and two varints), so
+# it is 196 + 44 + n bytes as librdkafka counts it.
+my $origin = $node->safe_psql('postgres', 'SELECT origin FROM outbox.origin');
 my $n_at_limit = $limit - 196 - (length('origin') + length($origin) + 2);
 sub emit_sized
 {
