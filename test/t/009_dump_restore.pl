@@ -111,6 +111,7 @@ is($src->safe_psql('shop', 'SELECT backlog >= 80 FROM outbox.status()'), 't',
 	'80 events wait undelivered when the dump is taken');
 
 my ($rc, $out, $err) = run_tool('pg_dump', '-Fc', '-f', "$dir/shop.dump", '-d', $src->connstr('shop'));
+my $src_origin = $src->safe_psql('shop', 'SELECT origin FROM outbox.origin');
 is($rc, 0, 'pg_dump -Fc succeeds') or diag($err);
 ($rc, $out, $err) = run_tool('pg_dump', '-f', "$dir/shop.sql", '-d', $src->connstr('shop'));
 is($rc, 0, 'pg_dump (plain) succeeds') or diag($err);
@@ -135,7 +136,7 @@ is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.restored_events'), '0',
 is($src->safe_psql('shop2', 'SELECT count(*) FROM outbox.relay_progress'), '1',
 	'one progress row is left, the database\'s own');
 is($src->safe_psql('shop2', 'SELECT count(*), min(origin::text) FROM outbox.origin'),
-	'1|' . $src->safe_psql('shop', 'SELECT origin FROM outbox.origin'),
+	"1|$src_origin",
 	'the restored database keeps the origin of the dumped one (subscribers dedupe its resent events)');
 
 # --- a fresh cluster, from the plain dump through psql with ON_ERROR_STOP
@@ -144,7 +145,7 @@ $fresh->safe_psql('postgres', 'CREATE DATABASE shop');
 ($rc, $out, $err) = run_tool('psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $fresh->connstr('shop'),
 	'-f', "$dir/shop.sql");
 is($rc, 0, 'pg_dump | psql with ON_ERROR_STOP into a fresh cluster succeeds') or diag($err);
-is($fresh->safe_psql('shop', 'SELECT origin FROM outbox.origin'), $src->safe_psql('shop', 'SELECT origin FROM outbox.origin'),
+is($fresh->safe_psql('shop', 'SELECT origin FROM outbox.origin'), $src_origin,
 	'so does a plain dump restored into a fresh cluster');
 unlike($err, qr/ERROR/, 'and reports no error');
 ok( $fresh->safe_psql('shop', 'SELECT pg_current_xact_id()::text::bigint') < $src_txid,
