@@ -241,3 +241,13 @@ REVOKE ALL ON FUNCTION outbox.origin_restored() FROM PUBLIC;
 CREATE TRIGGER origin_restored BEFORE INSERT ON outbox.origin
 	FOR EACH ROW EXECUTE FUNCTION outbox.origin_restored();
 INSERT INTO outbox.origin DEFAULT VALUES;
+
+/*
+ * A partition a subscription worker stopped because its log does not hold
+ * the group's next offset stays stopped, across restarts and rebalances,
+ * until outbox.subscription_seek() sets the offset on purpose (a log that
+ * has grown past the offset since is still not the group's log).
+ */
+ALTER TABLE outbox.inbox_offsets ADD COLUMN stopped_at timestamptz;
+COMMENT ON COLUMN outbox.inbox_offsets.stopped_at IS
+	'When a worker stopped this partition because its log does not hold next_offset; NULL while it runs; outbox.subscription_seek() clears it';

@@ -520,6 +520,48 @@ add_part(Worker *w, const char *topic, int32 partition)
 }
 
 /*
+ * record_stop
+ *		Mark the group's offsets row of topic/partition stopped (inside SPI,
+ *		in the caller's transaction), making one at offset when there is
+ *		none: a stopped partition stays stopped across restarts and
+ *		rebalances until subscription_seek() clears the mark.
+ */
+static void
+record_stop(Worker *w, const char *topic, int32 partition, int64 offset)
+{
+	Oid			types[4] = {TEXTOID, TEXTOID, INT4OID, INT8OID};
+	Datum		args[4];
+
+	args[0] = CStringGetTextDatum(w->sub.group_id);
+	args[1] = CStringGetTextDatum(topic);
+	args[2] = Int32GetDatum(partition);
+	args[3] = Int64GetDatum(Max(offset, 0));
+	if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets AS o (consumer_group, topic, kafka_partition,"
+							  " next_offset, stopped_at) VALUES ($1, $2, $3, $4, pg_catalog.now())"
+							  " ON CONFLICT (consumer_group, topic, kafka_partition)"
+							  " DO UPDATE SET stopped_at = pg_catalog.now()",
+							  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "recording a stopped partition failed");
+}
+
+/* record_stop() in a transaction of its own, from the worker's loop */
+static void
+record_stop_now(Worker *w, const char *topic, int32 partition, int64 offset)
+{
+	MemoryContext old = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	record_stop(w, topic, partition, offset);
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(old);
+}
+
+/*
  * assigned_start
  *		Where the assigned partition a starts, in on_assignment's
  *		transaction: its stored next offset, stopped (a->stop) when the
@@ -540,24 +582,39 @@ assigned_start(Worker *w, OutboxAssigned *a, TimestampTz deadline)
 	args[0] = CStringGetTextDatum(w->sub.group_id);
 	args[1] = CStringGetTextDatum(a->topic);
 	args[2] = Int32GetDatum(a->partition);
-	if (SPI_execute_with_args("SELECT o.next_offset FROM outbox.inbox_offsets o"
+	if (SPI_execute_with_args("SELECT o.next_offset, o.stopped_at IS NOT NULL FROM outbox.inbox_offsets o"
 							  " WHERE o.consumer_group OPERATOR(pg_catalog.=) $1"
 							  " AND o.topic OPERATOR(pg_catalog.=) $2"
 							  " AND o.kafka_partition OPERATOR(pg_catalog.=) $3",
-							  3, types, args, NULL, true, 1) != SPI_OK_SELECT)
+							  3, types, args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "reading the offsets failed");
 	a->offset = -1;
 	a->stop = false;
 	if (SPI_processed > 0)
 	{
+		bool		was_stopped = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+															 SPI_tuptable->tupdesc, 2, &isnull));
+
 		a->offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 												SPI_tuptable->tupdesc, 1, &isnull));
-		if (OutboxOffsetOutsideLog(w->consumer, a->topic, a->partition, a->offset,
-								   (int) TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-																		 deadline),
-								   &range))
+
+		/*
+		 * Stopped once, stopped until subscription_seek(): a log that has
+		 * grown past the offset since is still not the group's log.
+		 */
+		if (was_stopped)
 		{
 			a->stop = true;
+			OutboxReportStoppedPartition(w->slot, w->sub.name, a->topic,
+										 a->partition, a->offset, NULL);
+		}
+		else if (OutboxOffsetOutsideLog(w->consumer, a->topic, a->partition, a->offset,
+										(int) TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+																			  deadline),
+										&range))
+		{
+			a->stop = true;
+			record_stop(w, a->topic, a->partition, a->offset);
 			OutboxReportStoppedPartition(w->slot, w->sub.name, a->topic,
 										 a->partition, a->offset, &range);
 		}
@@ -1782,6 +1839,7 @@ take_resets(Worker *w)
 		Part	   *p = find_part(w, r->topic, r->partition);
 		OutboxLogRange range;
 		bool		known;
+		int64		next;
 
 		if (p == NULL || !p->assigned || p->stopped)
 			continue;
@@ -1794,10 +1852,13 @@ take_resets(Worker *w)
 		}
 		p->stopped = true;
 		OutboxConsumerPause(w->consumer, r->topic, r->partition);
+		/* the group's next offset, not the position the fetch reached */
+		next = p->next_offset >= 0 ? p->next_offset : r->offset;
+		record_stop_now(w, r->topic, r->partition, next);
 		known = OutboxConsumerQueryLog(w->consumer, r->topic, r->partition,
 									   RESET_CHECK_MS, &range.low, &range.high);
 		OutboxReportStoppedPartition(w->slot, w->sub.name, r->topic, r->partition,
-									 r->offset, known ? &range : NULL);
+									 next, known ? &range : NULL);
 	}
 }
 

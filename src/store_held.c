@@ -166,7 +166,7 @@ OutboxStoreHoldEvents(const OutboxEvent *events, int n, bool counted)
 	SPI_connect();
 	if (counted)
 		rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition, partition_count)"
-								   " SELECT i, t, p, NULLIF(c, 0)"
+								   " SELECT i, t, p, CASE WHEN c OPERATOR(pg_catalog.>) 0 THEN c END"
 								   " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 								   "  pg_catalog.unnest($3), pg_catalog.unnest($4)) AS r (i, t, p, c)"
 								   " ON CONFLICT (id) DO NOTHING",

@@ -710,7 +710,8 @@ outbox_subscription_seek(PG_FUNCTION_ARGS)
 	args[3] = Int64GetDatum(PG_GETARG_INT64(3));
 	if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
 							  " VALUES ($1, $2, $3, $4) ON CONFLICT (consumer_group, topic, kafka_partition)"
-							  " DO UPDATE SET next_offset = excluded.next_offset, updated_at = pg_catalog.now()",
+							  " DO UPDATE SET next_offset = excluded.next_offset, updated_at = pg_catalog.now(),"
+							  " stopped_at = NULL",
 							  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "setting the next offset failed");
 	SPI_finish();
