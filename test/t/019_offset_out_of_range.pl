@@ -111,6 +111,20 @@ like($log,
 like($log, qr/HINT:  .*call outbox.subscription_seek\('gone', 'gone', 0, N\)/,
 	'and the way to resume in its hint');
 
+# the new log grows past the stored offset, and the worker starts again:
+# the partition stays stopped (it is still not the group's log)
+produce($rebuilt, 'gone', map { qq({"grown": $_}) } 1 .. 8);
+is($node->safe_psql('postgres', "SELECT stopped_at IS NOT NULL FROM outbox.inbox_offsets WHERE consumer_group = 'gone'"),
+	't', 'the stop is recorded with the offsets');
+$node->safe_psql('postgres', "UPDATE outbox.subscriptions SET batch_size = batch_size + 1 WHERE name = 'gone'");
+sleep 3;
+ok(poll_until($node, 'postgres',
+	"SELECT state FROM outbox.subscription_status() WHERE name = 'gone' AND pid IS NOT NULL", 'partition stopped', 60),
+	'after the log grew past the stored offset and the worker started again, the partition is still stopped');
+sleep 2;
+is($node->safe_psql('postgres', "SELECT count(*) FROM applied WHERE payload ? 'again' OR payload ? 'grown'"), '0',
+	'and nothing of the new log is applied');
+
 # resuming on purpose: the owner moves the group's offset
 $node->safe_psql('postgres',
 	'GRANT EXECUTE ON FUNCTION outbox.subscription_seek(text, text, integer, bigint) TO app');
@@ -125,7 +139,7 @@ unlike($node->safe_psql('postgres', 'SELECT status, reason FROM outbox.health()'
 	qr/subscription/, 'health() no longer speaks of it');
 is($node->safe_psql('postgres',
 	"SELECT next_offset FROM outbox.inbox_offsets WHERE consumer_group = 'gone'"),
-	'5', 'its next offset is the new log\'s end');
+	'13', 'its next offset is the new log\'s end (5 messages, then the 8 it grew by)');
 sleep 1;
 is($node->safe_psql('postgres', "SELECT count(*) FROM applied WHERE payload ? 'again'"), '5',
 	'each once');
@@ -152,7 +166,7 @@ ok(poll_until($node, 'postgres',
 	"SELECT string_agg(payload->>'again', ',' ORDER BY n) FROM applied WHERE payload ? 'again'", '1,2,3,4,5,4,5,5,6', 30),
 	'the worker starts again from the sought offset 4: nothing between it and the batch is skipped');
 like(slurp_file($node->logfile),
-	qr/ERROR:  outbox subscription "gone": the next offset of partition 0 of topic "gone" was moved back from 5 to 4/,
+	qr/ERROR:  outbox subscription "gone": the next offset of partition 0 of topic "gone" was moved back from 13 to 4/,
 	'the waiting batch gave way with an error');
 
 # 2. messages deleted before they were applied: a message fails, and while
