@@ -41,6 +41,7 @@
  */
 #include "postgres.h"
 
+#include "access/xlog.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -444,6 +445,7 @@ OutboxRelayTakeDrain(Relay *r)
 	r->drain_turn = false;
 	if (!OutboxRelayDrainDue(r) || !read_drain(r, &r->drain_page))
 		return false;
+	r->drain_page.standby_lsn = GetXLogInsertRecPtr();
 	r->in_hand = &r->drain_page;
 	return true;
 }
