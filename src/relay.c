@@ -68,7 +68,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "access/xlog.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -694,8 +693,9 @@ step_record(Relay *r)
 {
 	OutboxRelayRecordPage(r, r->in_hand);
 	r->in_hand = NULL;
-	/* the standbys have this page's progress before the next page goes */
-	r->recorded_lsn = GetXLogInsertRecPtr();
+	/* the page after next waits for the standbys to have this progress */
+	r->recorded_lsn[0] = r->recorded_lsn[1];
+	r->recorded_lsn[1] = OutboxRelayWalEnd();
 	return RELAY_STEP_READ;
 }
 

@@ -67,8 +67,8 @@ typedef struct RelayPage
 	int			sent;			/* events in the round under way */
 	int			retried;		/* of those, sent before */
 	bool		cut;			/* shutdown cut the round short */
-	XLogRecPtr	standby_lsn;	/* WAL insert position read after the
-								 * page's snapshot (relay_standby.c) */
+	XLogRecPtr	standby_lsn;	/* end of the WAL inserted, read after
+								 * the page's snapshot (relay_standby.c) */
 } RelayPage;
 
 /*
@@ -194,8 +194,9 @@ typedef struct Relay
 	bool		unmap_refused;
 
 	/* publishing only what the standbys have (relay_standby.c) */
-	XLogRecPtr	batch_lsn;		/* WAL insert position after the batch's snapshot */
-	XLogRecPtr	recorded_lsn;	/* ... after the last page was recorded */
+	XLogRecPtr	batch_lsn;		/* end of the WAL after the batch's snapshot */
+	XLogRecPtr	recorded_lsn[2];	/* ... after the page before the last
+									 * and the last were recorded */
 	TimestampTz standby_wait_since; /* the page in hand waits since, or 0 */
 	bool		standby_blocked;	/* a named slot cannot catch up as it is */
 	bool		standby_reported;	/* the wait is in status() and the log */
@@ -245,6 +246,7 @@ extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
 extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
 
 /* relay_standby.c */
+extern XLogRecPtr OutboxRelayWalEnd(void);
 extern bool OutboxRelayStandbysHave(Relay *r, RelayPage *pg);
 extern RelayStep OutboxRelayStepStandby(Relay *r);
 

@@ -41,7 +41,6 @@
  */
 #include "postgres.h"
 
-#include "access/xlog.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -445,7 +444,7 @@ OutboxRelayTakeDrain(Relay *r)
 	r->drain_turn = false;
 	if (!OutboxRelayDrainDue(r) || !read_drain(r, &r->drain_page))
 		return false;
-	r->drain_page.standby_lsn = GetXLogInsertRecPtr();
+	r->drain_page.standby_lsn = OutboxRelayWalEnd();
 	r->in_hand = &r->drain_page;
 	return true;
 }

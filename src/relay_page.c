@@ -25,7 +25,6 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "access/xlog.h"
 #include "commands/dbcommands.h"
 #include "lib/stringinfo.h"
 #include "pgstat.h"
@@ -190,7 +189,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 			return false;
 		}
 		/* every commit the batch's snapshot sees ends before this */
-		r->batch_lsn = GetXLogInsertRecPtr();
+		r->batch_lsn = OutboxRelayWalEnd();
 		r->batch_open = true;
 		opened = true;
 	}
@@ -285,7 +284,7 @@ OutboxRelayReadReplays(Relay *r, RelayPage *pg)
 	OutboxRelayBeginTxn("reading replays");
 	pg->n = OutboxStoreReadReplays(outbox_batch_size, &pg->events, pg->cxt);
 	OutboxRelayEndTxn(r);
-	pg->standby_lsn = GetXLogInsertRecPtr();
+	pg->standby_lsn = OutboxRelayWalEnd();
 	return pg->n > 0;
 }
 

@@ -8,16 +8,20 @@
  *		standby then finds every published event in the promoted database.
  *
  * Invariants:
- *	- A page's standby position (RelayPage.standby_lsn) is the WAL insert
- *	  position read after its snapshot: for a batch page the batch's, read
- *	  right after the batch snapshot in the same transaction (relay_page.c);
- *	  for replay and held-event pages, right after their read.  A
+ *	- A page's standby position (RelayPage.standby_lsn) is the end of the
+ *	  inserted WAL (OutboxRelayWalEnd) read after its snapshot: for a batch
+ *	  page the batch's, read right after the batch snapshot in the same
+ *	  transaction (relay_page.c); for replay and held-event pages, right
+ *	  after their read.  A
  *	  transaction leaves the proc array, and so becomes visible to a new
  *	  snapshot, only after its commit record is inserted, so every commit
  *	  the snapshot sees ends at or before that position.
- *	- A page also waits for the position read after the previous page was
- *	  recorded (Relay.recorded_lsn): a promoted standby has the progress of
- *	  every page but the last one sent, and so sends again at most one page.
+ *	- A page also waits for the position read after the page before the
+ *	  previous one was recorded (Relay.recorded_lsn[0]): a promoted standby
+ *	  has the progress of every page but the last two sent, and so sends
+ *	  again at most two pages.  Not the previous page's: the page read
+ *	  ahead would then wait a standby round trip after every record; the
+ *	  one before it was recorded a page earlier, and is there already.
  *	- A physical slot's restart_lsn is where its standby reported having
  *	  flushed WAL (the walsender moves it at each reply).  A page goes once
  *	  every named slot's restart_lsn is at or past the page's position.  A
@@ -42,6 +46,7 @@
 #include "postgres.h"
 
 #include "access/xlog.h"
+#include "access/xlog_internal.h"
 #include "pgstat.h"
 #include "replication/slot.h"
 #include "storage/lwlock.h"
@@ -54,7 +59,7 @@
 #include "relay.h"
 
 /* waits while the standbys keep up, after a while, and while blocked */
-#define RELAY_STANDBY_POLL_MS		2
+#define RELAY_STANDBY_POLL_MS		1
 #define RELAY_STANDBY_SLOW_POLL_MS	20
 #define RELAY_STANDBY_BLOCKED_POLL_MS 100
 /* a page waiting this long for a standby that streams is shown */
@@ -87,6 +92,26 @@ typedef struct StandbyLook
 	char		why[OUTBOX_LAST_ERROR_LEN];
 	const char *hint;
 } StandbyLook;
+
+/*
+ * OutboxRelayWalEnd
+ *		The end of the WAL inserted so far: GetXLogInsertRecPtr(), except
+ *		where that is just past a page header, because the last record ended
+ *		at the end of the page before.  There nothing has been inserted past
+ *		the header yet: no standby can have flushed it, and XLogFlush()
+ *		refuses it with an ERROR.
+ */
+XLogRecPtr
+OutboxRelayWalEnd(void)
+{
+	XLogRecPtr	pos = GetXLogInsertRecPtr();
+
+	if (XLogSegmentOffset(pos, wal_segment_size) == SizeOfXLogLongPHD)
+		return pos - SizeOfXLogLongPHD;
+	if (pos % XLOG_BLCKSZ == SizeOfXLogShortPHD)
+		return pos - SizeOfXLogShortPHD;
+	return pos;
+}
 
 /*
  * OutboxStandbySlotsParse
@@ -289,8 +314,8 @@ end_wait(Relay *r)
 /*
  * OutboxRelayStandbysHave
  *		Before pg's first round: whether every slot named in
- *		outbox.synchronized_standby_slots has pg's position (and the last
- *		recorded page's).  Always true when none is named or pg is empty.
+ *		outbox.synchronized_standby_slots has pg's position (and that of the
+ *		page recorded before the last).  Always true when none is named or pg is empty.
  *		At the first look the WAL is flushed up to that position: walsenders
  *		send only flushed WAL, and what the relay's own reads logged (page
  *		pruning) would otherwise wait for the WAL writer.
@@ -299,7 +324,7 @@ bool
 OutboxRelayStandbysHave(Relay *r, RelayPage *pg)
 {
 	const OutboxStandbySlotList *list = outbox_standby_slot_list;
-	XLogRecPtr	target = Max(pg->standby_lsn, r->recorded_lsn);
+	XLogRecPtr	target = Max(pg->standby_lsn, r->recorded_lsn[0]);
 	StandbyLook look;
 
 	if (list == NULL || list->n == 0 || pg->n == 0)

@@ -5,7 +5,8 @@
 # ProcArrayEndTransaction): with the standby's WAL receiver stopped the
 # relay publishes nothing new, and after every process of the primary is
 # killed and the standby promoted, Kafka and the promoted database agree,
-# without outbox.synchronized_standby_slots.
+# without outbox.synchronized_standby_slots.  The relay's own progress
+# commits wait for the standby too, so at most one page is sent twice.
 
 use strict;
 use warnings;
