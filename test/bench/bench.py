@@ -441,14 +441,14 @@ def bench_standby_latency(server, conn, brokers, tick):
     standby = Standby(server, conn)
     res = {}
     try:
-        for label, slots in (("+ standby", ""), (", standby waited for", standby.slot)):
+        for label, slots in ((" + standby", ""), (", standby waited for", standby.slot)):
             set_conf(conn, "outbox.synchronized_standby_slots", slots)
             lat = latency_run(server, brokers, "outbox.event.tick", "\\set n 1\n" + tick,
                               LAT_SECS, 100)
             res[label] = lat
             ratio, note = "", f"{len(lat)} events"
             if slots:
-                plain = res["+ standby"]
+                plain = res[" + standby"]
                 ratio = f"{pct(lat, 50) / pct(plain, 50):.2f}"
                 note += (f"; outbox.synchronized_standby_slots names its slot: ratio of p50"
                          f" (p99: {pct(lat, 99) / pct(plain, 99):.2f}) to the standby not waited for")
