@@ -12,10 +12,10 @@
  *	  inserted WAL (OutboxRelayWalEnd) read after its snapshot: for a batch
  *	  page the batch's, read right after the batch snapshot in the same
  *	  transaction (relay_page.c); for replay and held-event pages, right
- *	  after their read.  A
- *	  transaction leaves the proc array, and so becomes visible to a new
- *	  snapshot, only after its commit record is inserted, so every commit
- *	  the snapshot sees ends at or before that position.
+ *	  after their read.  A transaction leaves the proc array, and so
+ *	  becomes visible to a new snapshot, only after its commit record is
+ *	  inserted, so every commit the snapshot sees ends at or before that
+ *	  position.
  *	- A page also waits for the position read after the page before the
  *	  previous one was recorded (Relay.recorded_lsn[0]): a promoted standby
  *	  has the progress of every page but the last two sent, and so sends
