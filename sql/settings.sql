@@ -61,6 +61,16 @@ ALTER SYSTEM SET outbox.max_subscriptions_per_database = 257;
 ALTER SYSTEM SET outbox.max_subscriptions_per_database = 0;
 ALTER SYSTEM RESET outbox.max_subscriptions_per_database;
 
+-- the standbys' slots: physical slot names, split and down-cased as
+-- identifiers; whether they exist is the relay's to say
+ALTER SYSTEM SET outbox.synchronized_standby_slots = 'standby-1';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.synchronized_standby_slots = '"Standby1"';
+ALTER SYSTEM SET outbox.synchronized_standby_slots = 'a,,b';
+ALTER SYSTEM SET outbox.synchronized_standby_slots = 'Standby1, standby_2';
+SELECT t.err($$SET outbox.synchronized_standby_slots = 's1'$$);
+ALTER SYSTEM RESET outbox.synchronized_standby_slots;
+
 -- credentials belong in a file: PostgreSQL logs a changed setting's value
 -- (relative paths are from the data directory)
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'no_such_file.conf';

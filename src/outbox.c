@@ -50,6 +50,8 @@ int			outbox_max_subscriptions = OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT;
 int			outbox_max_subscriptions_per_database = OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT;
 int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
 int			outbox_inbox_retention = OUTBOX_INBOX_RETENTION_DEFAULT;
+char	   *outbox_synchronized_standby_slots = NULL;
+const OutboxStandbySlotList *outbox_standby_slot_list = NULL;
 
 /* failures, and the values of outbox.poison_policy */
 static const struct config_enum_entry poison_policy_options[] = {
@@ -153,6 +155,29 @@ static bool
 check_kafka_secrets_file(char **newval, void **extra, GucSource source)
 {
 	return check_with(OutboxKafkaCheckSecretsFile, *newval);
+}
+
+/* the slot names are parsed once here, and read by the relay from extra */
+static bool
+check_standby_slots(char **newval, void **extra, GucSource source)
+{
+	char	   *bad = NULL;
+	OutboxStandbySlotList *list = OutboxStandbySlotsParse(*newval, &bad);
+
+	if (list == NULL)
+	{
+		if (bad != NULL)
+			GUC_check_errdetail("%s", bad);
+		return false;
+	}
+	*extra = list;
+	return true;
+}
+
+static void
+assign_standby_slots(const char *newval, void *extra)
+{
+	outbox_standby_slot_list = (const OutboxStandbySlotList *) extra;
 }
 
 /* the settings of emit(): what an event becomes when it is written */
@@ -387,6 +412,21 @@ define_subscription_settings(void)
 							NULL, NULL, NULL);
 }
 
+/* high availability: what the relays wait for before publishing */
+static void
+define_standby_settings(void)
+{
+	DefineCustomStringVariable("outbox.synchronized_standby_slots",
+							   "Physical replication slots whose standbys must have an event's commit before the relays publish it.",
+							   "Comma-separated slot names.  A page is sent once every named slot's standby has flushed "
+							   "the WAL its snapshot saw; a slot that does not exist, is logical, or is inactive "
+							   "and behind holds publishing back.  Empty publishes at once.",
+							   &outbox_synchronized_standby_slots,
+							   "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   check_standby_slots, assign_standby_slots, NULL);
+}
+
 void
 _PG_init(void)
 {
@@ -395,6 +435,7 @@ _PG_init(void)
 	define_relay_settings();
 	define_failure_settings();
 	define_subscription_settings();
+	define_standby_settings();
 	OutboxEmitInit();
 
 	/* a PGC_POSTMASTER setting can only be defined while preloading */

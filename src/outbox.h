@@ -130,6 +130,23 @@ extern int	outbox_retention;
 extern int	outbox_inbox_retention;
 extern int	outbox_delivery_timeout;
 extern int	outbox_hold_after;
+extern char *outbox_synchronized_standby_slots;
+
+/*
+ * outbox.synchronized_standby_slots as the relay reads it: the slot names,
+ * parsed once by the setting's check hook (relay_standby.c).  NULL or no
+ * names: the relay waits for no standby.
+ */
+typedef struct OutboxStandbySlotList
+{
+	int			n;
+	NameData	names[FLEXIBLE_ARRAY_MEMBER];
+} OutboxStandbySlotList;
+
+extern const OutboxStandbySlotList *outbox_standby_slot_list;
+
+/* relay_standby.c */
+extern OutboxStandbySlotList *OutboxStandbySlotsParse(const char *value, char **bad);
 
 /* emit.c */
 extern bool OutboxTraceparentIsValid(const char *value);
@@ -175,6 +192,7 @@ typedef enum OutboxRelayState
 	OUTBOX_RELAY_PAUSED,
 	OUTBOX_RELAY_BACKING_OFF,
 	OUTBOX_RELAY_NOT_CONFIGURED,
+	OUTBOX_RELAY_WAITING_STANDBY,	/* outbox.synchronized_standby_slots */
 	OUTBOX_RELAY_STOPPED
 } OutboxRelayState;
 #define OUTBOX_RELAY_NSTATES (OUTBOX_RELAY_STOPPED + 1)
@@ -209,6 +227,8 @@ typedef struct OutboxSlotView
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;
 	char		last_error[OUTBOX_LAST_ERROR_LEN];
+	char		standby_wait[OUTBOX_LAST_ERROR_LEN];	/* why the page waits for
+														 * a standby, "" when not */
 	uint64		latency[OUTBOX_LAT_NBUCKETS];	/* since the relay started */
 	double		latency_sum;	/* seconds */
 	uint64		minute_events;	/* the last minute's deliveries */
@@ -274,6 +294,7 @@ extern void OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state);
 extern bool OutboxSlotIsHeld(OutboxSlot *slot);
 extern void OutboxSlotMarkNoExtension(OutboxSlot *slot);
 extern void OutboxSlotCountError(OutboxSlot *slot, const char *message);
+extern void OutboxSlotSetStandbyWait(OutboxSlot *slot, const char *why);
 extern bool OutboxSlotTakeReplayPending(OutboxSlot *slot);
 extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);

@@ -25,11 +25,11 @@
  *	  travel: the database and the network work at the same time.  So at
  *	  most two pages are in memory, each bounded by outbox.batch_size
  *	  events and outbox.batch_max_bytes bytes.
- *	- The relay waits in one place, relay_wait, on one WaitEventSet kept
- *	  for its life: its latch (set at commit by emitting backends, and by
- *	  signals), postmaster death, and the relay's event pipe, which every
- *	  producer it builds writes to.  relay_wait also empties the pipe and
- *	  serves the producer when its descriptor wakes it, and is where a
+ *	- The relay waits in one place, OutboxRelayWait, on one WaitEventSet
+ *	  kept for its life: its latch (set at commit by emitting backends, and
+ *	  by signals), postmaster death, and the relay's event pipe, which every
+ *	  producer it builds writes to.  OutboxRelayWait also empties the pipe
+ *	  and serves the producer when its descriptor wakes it, and is where a
  *	  reload (SIGHUP) is processed.  The safety poll outbox.poll_interval
  *	  only catches what woke nobody.
  *	- The producer is built, and rebuilt after a reload changed its
@@ -41,9 +41,9 @@
  *	- Shutdown: once it is asked, the loop takes no new page in hand; the
  *	  page in hand is finished only as far as its delivery reports arrive
  *	  within outbox.shutdown_timeout (none while the database is being
- *	  dropped), which relay_wait enforces; a round being handed to librdkafka stops
- *	  between two messages, the only blocking librdkafka call being bounded
- *	  (kafka.c).  So a stopping relay is gone within about
+ *	  dropped), which OutboxRelayWait enforces; a round being handed to
+ *	  librdkafka stops between two messages, the only blocking librdkafka
+ *	  call being bounded (kafka.c).  So a stopping relay is gone within about
  *	  outbox.shutdown_timeout plus librdkafka's own teardown after a purge
  *	  (rd_kafka_destroy, which sets itself no bound: kafka.c); with 2,000
  *	  topics and the brokers down, a fast stop took 1.1 s (t/109).
@@ -98,12 +98,6 @@
 #define WAIT_IDLE(r)	OutboxWaitEvent(&(r)->wait_idle, "OutboxRelayIdle")
 #define WAIT_ACKS(r)	OutboxWaitEvent(&(r)->wait_acks, "OutboxRelayAcks")
 #define WAIT_BACKOFF(r) OutboxWaitEvent(&(r)->wait_backoff, "OutboxRelayBackoff")
-
-/* what woke relay_wait */
-#define RELAY_WAKE_TIMEOUT	0x01
-#define RELAY_WAKE_LATCH	0x02
-#define RELAY_WAKE_PRODUCER 0x04
-#define RELAY_WAKE_STOP		0x08	/* the relay must stop now */
 
 static Relay relay;
 
@@ -293,7 +287,7 @@ serve_producer(Relay *r)
 }
 
 /*
- * relay_wait
+ * OutboxRelayWait
  *		The relay's one wait: until timeout_ms pass, the latch is set, or the
  *		producer has something to serve (it is served here).  A reload is
  *		processed here.  Returns RELAY_WAKE_* bits.
@@ -303,8 +297,8 @@ serve_producer(Relay *r)
  *		(at once while the database is being dropped), and the waits go on,
  *		short, while the withdrawn round's reports are served.
  */
-static int
-relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
+int
+OutboxRelayWait(Relay *r, long timeout_ms, uint32 wait_event)
 {
 	WaitEvent	events[3];
 	int			n;
@@ -382,7 +376,7 @@ wait_until(Relay *r, uint32 wait_event)
 
 	if (left <= 0)
 		return RELAY_WAKE_TIMEOUT;
-	return relay_wait(r, left, wait_event);
+	return OutboxRelayWait(r, left, wait_event);
 }
 
 /*
@@ -456,7 +450,7 @@ enter_paused(Relay *r)
  * step_wait
  *		BACK_OFF, IDLE and PAUSED: wait until r->wait_until; a commit (the
  *		latch) cuts short an idle or paused wait, not a backoff.  The
- *		producer's events are served meanwhile (relay_wait).
+ *		producer's events are served meanwhile (OutboxRelayWait).
  */
 static RelayStep
 step_wait(Relay *r)
@@ -599,6 +593,8 @@ step_send(Relay *r)
 	r->idle_since = 0;
 	if (!ensure_producer(r))
 		return enter_back_off(r, RELAY_STEP_SEND);
+	if (first && !OutboxRelayStandbysHave(r, pg))
+		return RELAY_STEP_STANDBY;
 	if (first)
 	{
 		/* counts change between pages only (kafka_topic.c) */
@@ -668,8 +664,8 @@ step_await(Relay *r)
 	if (OutboxRelayHoldStalled(r, pg))
 		return RELAY_STEP_AWAIT;
 	OutboxRelayWatchRound(r, pending);
-	wake = relay_wait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
-					  RELAY_ACK_POLL_MS, WAIT_ACKS(r));
+	wake = OutboxRelayWait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
+						   RELAY_ACK_POLL_MS, WAIT_ACKS(r));
 	if ((wake & RELAY_WAKE_STOP) && !r->round_abandoned)
 	{
 		OutboxProducerPurge(r->producer);
@@ -679,7 +675,7 @@ step_await(Relay *r)
 	/*
 	 * librdkafka retries an outage by itself, and no delivery report
 	 * arrives until the round is withdrawn: report its errors and the
-	 * brokers it reaches while that lasts (relay_wait did if it served).
+	 * brokers it reaches while that lasts (OutboxRelayWait did if it served).
 	 */
 	if (!(wake & RELAY_WAKE_PRODUCER))
 		report_producer(r);
@@ -702,6 +698,9 @@ step_record(Relay *r)
 {
 	OutboxRelayRecordPage(r, r->in_hand);
 	r->in_hand = NULL;
+	/* the page after next waits for the standbys to have this progress */
+	r->recorded_lsn[0] = r->recorded_lsn[1];
+	r->recorded_lsn[1] = OutboxRelayWalEnd();
 	return RELAY_STEP_READ;
 }
 
@@ -718,6 +717,8 @@ relay_step(Relay *r)
 			return step_await(r);
 		case RELAY_STEP_RECORD:
 			return step_record(r);
+		case RELAY_STEP_STANDBY:
+			return OutboxRelayStepStandby(r);
 		case RELAY_STEP_BACK_OFF:
 		case RELAY_STEP_IDLE:
 		case RELAY_STEP_PAUSED:

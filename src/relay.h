@@ -4,7 +4,9 @@
  *		The relay's state, shared by the files of the relay only: relay.c
  *		(the loop, its steps and its one wait), relay_round.c (rounds of a
  *		page: send, settle, quarantine) and relay_page.c (the database
- *		side: short transactions through store.c).
+ *		side: short transactions through store.c), relay_standby.c (a
+ *		page waits for the standbys named in
+ *		outbox.synchronized_standby_slots).
  *
  * Invariants: a relay process has one Relay, owned by relay.c and passed
  * by pointer; no relay file keeps state of its own in file-level statics.
@@ -18,6 +20,7 @@
 #define OUTBOX_RELAY_H
 
 #include "access/transam.h"
+#include "access/xlogdefs.h"
 
 #include "outbox.h"
 
@@ -25,7 +28,9 @@
  * The steps of the loop (relay.c).  A page goes READ -> SEND -> AWAIT ->
  * RECORD; AWAIT goes back to SEND while events of the page are pending
  * (after a clean round, for held-back events), or to BACK_OFF and then
- * SEND after a failed one.  No work: IDLE; disabled or no brokers: PAUSED.
+ * SEND after a failed one.  Before its first round a page goes from SEND
+ * to STANDBY and back until the standbys have it (relay_standby.c).  No
+ * work: IDLE; disabled or no brokers: PAUSED.
  */
 typedef enum RelayStep
 {
@@ -34,6 +39,7 @@ typedef enum RelayStep
 	RELAY_STEP_AWAIT,			/* wait for the round's delivery reports */
 	RELAY_STEP_RECORD,			/* a settled page: write its progress */
 	RELAY_STEP_BACK_OFF,		/* wait before trying again */
+	RELAY_STEP_STANDBY,			/* wait for the standbys to have the page */
 	RELAY_STEP_IDLE,			/* nothing to publish: wait for a commit */
 	RELAY_STEP_PAUSED,			/* outbox.enabled off or no brokers */
 	RELAY_STEP_STOP				/* leave the loop: shutdown */
@@ -61,6 +67,8 @@ typedef struct RelayPage
 	int			sent;			/* events in the round under way */
 	int			retried;		/* of those, sent before */
 	bool		cut;			/* shutdown cut the round short */
+	XLogRecPtr	standby_lsn;	/* end of the WAL inserted, read after
+								 * the page's snapshot (relay_standby.c) */
 } RelayPage;
 
 /*
@@ -189,6 +197,16 @@ typedef struct Relay
 
 	/* the kernel refused to unmap the shared buffers (release_idle_memory) */
 	bool		unmap_refused;
+
+	/* publishing only what the standbys have (relay_standby.c) */
+	XLogRecPtr	batch_lsn;		/* end of the WAL after the batch's snapshot */
+	XLogRecPtr	recorded_lsn[2];	/* ... after the page before the last
+									 * and the last were recorded */
+	TimestampTz standby_wait_since; /* the page in hand waits since, or 0 */
+	bool		standby_blocked;	/* a named slot cannot catch up as it is */
+	bool		standby_reported;	/* the wait is in status() and the log */
+	char		standby_said[128];	/* the reason last logged, "" none */
+	uint32		wait_standby;	/* wait event (compat.h) */
 } Relay;
 
 /* a report that changes nothing until filled in (OutboxSlotReportRound) */
@@ -199,7 +217,14 @@ OutboxRelayReportInit(OutboxRoundReport *report)
 	report->brokers_up = OUTBOX_BROKERS_UNCHANGED;
 }
 
+/* what woke OutboxRelayWait */
+#define RELAY_WAKE_TIMEOUT	0x01
+#define RELAY_WAKE_LATCH	0x02
+#define RELAY_WAKE_PRODUCER 0x04
+#define RELAY_WAKE_STOP		0x08	/* the relay must stop now */
+
 /* relay.c */
+extern int	OutboxRelayWait(Relay *r, long timeout_ms, uint32 wait_event);
 extern void OutboxRelaySetState(Relay *r, OutboxRelayState state);
 extern void OutboxRelayNoteError(Relay *r, const char *what, const char *detail);
 extern void OutboxRelayReportError(Relay *r, const char *what, const char *detail);
@@ -225,6 +250,11 @@ extern bool OutboxRelayDrainDue(const Relay *r);
 extern bool OutboxRelayTakeDrain(Relay *r);
 extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
 extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
+
+/* relay_standby.c */
+extern XLogRecPtr OutboxRelayWalEnd(void);
+extern bool OutboxRelayStandbysHave(Relay *r, RelayPage *pg);
+extern RelayStep OutboxRelayStepStandby(Relay *r);
 
 /* relay_page.c */
 extern void OutboxRelayBeginTxn(const char *activity);

@@ -531,6 +531,7 @@ OutboxRelayTakeDrain(Relay *r)
 	r->drain_turn = false;
 	if (!OutboxRelayDrainDue(r) || !read_drain(r, &r->drain_page))
 		return false;
+	r->drain_page.standby_lsn = OutboxRelayWalEnd();
 	r->in_hand = &r->drain_page;
 	return true;
 }

@@ -191,6 +191,8 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 				report_backlog(r, true, 0, 0, 0, 0);
 			return false;
 		}
+		/* every commit the batch's snapshot sees ends before this */
+		r->batch_lsn = OutboxRelayWalEnd();
 		r->batch_open = true;
 		opened = true;
 	}
@@ -202,6 +204,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 				   pg->n > 0 && r->in_hand == NULL ? pg->events[0].created_at : -1,
 				   pg->n, 0);
 	pg->cur = MemoryContextStrdup(pg->cxt, r->batch.cur);
+	pg->standby_lsn = r->batch_lsn;
 	pg->last_id = pg->n > 0 ? pg->events[pg->n - 1].id : r->batch.last_id;
 	move_reader(r, pg, cut);
 	return true;
@@ -284,6 +287,7 @@ OutboxRelayReadReplays(Relay *r, RelayPage *pg)
 	OutboxRelayBeginTxn("reading replays");
 	pg->n = OutboxStoreReadReplays(outbox_batch_size, &pg->events, pg->cxt);
 	OutboxRelayEndTxn(r);
+	pg->standby_lsn = OutboxRelayWalEnd();
 	return pg->n > 0;
 }
 

@@ -123,6 +123,7 @@ static const char *const relay_state_names[] = {
 	[OUTBOX_RELAY_PAUSED] = "paused",
 	[OUTBOX_RELAY_BACKING_OFF] = "backing off",
 	[OUTBOX_RELAY_NOT_CONFIGURED] = "not configured",
+	[OUTBOX_RELAY_WAITING_STANDBY] = "waiting for standby",
 	[OUTBOX_RELAY_STOPPED] = "stopped",
 };
 
@@ -517,6 +518,7 @@ OutboxSlotAttach(Oid dboid, int *other_pid)
 			slot->batch_remaining = 0;
 			slot->committed_at_open = slot->committed_events;
 			slot->v.oldest_pending = 0;
+			slot->v.standby_wait[0] = '\0';
 		}
 		SpinLockRelease(&slot->mutex);
 	}
@@ -602,6 +604,19 @@ OutboxSlotCountError(OutboxSlot *slot, const char *message)
 	SpinLockAcquire(&slot->mutex);
 	slot->v.last_error_at = now;
 	strlcpy(slot->v.last_error, message, sizeof(slot->v.last_error));
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * OutboxSlotSetStandbyWait
+ *		Relay: why the page in hand waits for a standby (relay_standby.c),
+ *		for health(); NULL when it no longer does.
+ */
+void
+OutboxSlotSetStandbyWait(OutboxSlot *slot, const char *why)
+{
+	SpinLockAcquire(&slot->mutex);
+	strlcpy(slot->v.standby_wait, why != NULL ? why : "", sizeof(slot->v.standby_wait));
 	SpinLockRelease(&slot->mutex);
 }
 

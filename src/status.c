@@ -606,6 +606,10 @@ judge_health(const StatusSnapshot *snap, double limit, const char **status)
 			snap->no_relay;
 	if (s->state == OUTBOX_RELAY_NOT_CONFIGURED)
 		return pstrdup("outbox.kafka_brokers is empty: nothing is published");
+	if (snap->oldest_age > limit && s->state == OUTBOX_RELAY_WAITING_STANDBY)
+		return psprintf("the oldest undelivered event is %.0f s old, over %.0f s "
+						"(publishing waits for a standby: %s)",
+						snap->oldest_age, limit, s->standby_wait);
 	if (snap->oldest_age > limit)
 		return psprintf("the oldest undelivered event is %.0f s old, over %.0f s%s",
 						snap->oldest_age, limit,
@@ -624,6 +628,8 @@ judge_health(const StatusSnapshot *snap, double limit, const char **status)
 						snap->held_age);
 	if (s->state == OUTBOX_RELAY_PAUSED)
 		return pstrdup("publishing is paused (outbox.enabled = off)");
+	if (s->state == OUTBOX_RELAY_WAITING_STANDBY)
+		return psprintf("publishing waits for a standby: %s", s->standby_wait);
 	if (snap->oldest_age > limit / 2)
 		return psprintf("the oldest undelivered event is %.0f s old, over half of %.0f s",
 						snap->oldest_age, limit);

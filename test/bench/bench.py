@@ -12,7 +12,9 @@ it is compared with:
               UPDATE SKIP LOCKED LIMIT n, idempotent producer, wait for acks,
               UPDATE ... SET published_at) at its best batch size
   latency     commit to delivery as a kcat consumer sees it, at 100 events/s
-              and at half the drain rate, vs the baseline polling every 100 ms
+              and at half the drain rate, vs the baseline polling every 100 ms;
+              and at 100 events/s with a streaming standby (physical slot, same
+              machine), outbox.synchronized_standby_slots empty vs naming it
   idle        queries, WAL and CPU of the relay over an idle minute
   bigtx       one transaction emitting 300,000 events over 100 aggregates,
               with outbox.aggregate_sequence on vs off
@@ -405,6 +407,60 @@ def latency_run(server, brokers, topic, script, secs, rate):
     return lat
 
 
+class Standby:
+    """A streaming standby of server on a physical slot, on this machine."""
+
+    def __init__(self, server, conn, slot="bench_standby"):
+        self.conn, self.slot = conn, slot
+        self.dir = tempfile.mkdtemp(prefix="outbox-standby.")
+        os.chown(self.dir, PG.pw_uid, PG.pw_gid)
+        self.data = os.path.join(self.dir, "data")
+        q(conn, "SELECT pg_create_physical_replication_slot(%s, true)", slot)
+        run_pg([f"{BINDIR}/pg_basebackup", "-h", server.dir, "-p", str(server.port),
+                "-U", "postgres", "-D", self.data, "-R", "-S", slot, "-c", "fast"])
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"\nport = {server.port + 1}\nunix_socket_directories = '{self.dir}'\n"
+                    "shared_buffers = '128MB'\n")
+        run_pg([f"{BINDIR}/pg_ctl", "-D", self.data, "-l",
+                os.path.join(self.dir, "server.log"), "-w", "start"])
+        for _ in range(600):
+            if q1(conn, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the standby does not stream")
+
+    def stop(self):
+        subprocess.run([f"{BINDIR}/pg_ctl", "-D", self.data, "-m", "fast", "stop"],
+                       preexec_fn=as_postgres, capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        q(self.conn, "SELECT pg_drop_replication_slot(%s)", self.slot)
+
+
+def bench_standby_latency(server, conn, brokers, tick):
+    """100 ev/s with a standby streaming, the relay waiting for it or not"""
+    standby = Standby(server, conn)
+    res = {}
+    try:
+        for label, slots in ((" + standby", ""), (", standby waited for", standby.slot)):
+            set_conf(conn, "outbox.synchronized_standby_slots", slots)
+            lat = latency_run(server, brokers, "outbox.event.tick", "\\set n 1\n" + tick,
+                              LAT_SECS, 100)
+            res[label] = lat
+            ratio, note = "", f"{len(lat)} events"
+            if slots:
+                plain = res[" + standby"]
+                ratio = f"{pct(lat, 50) / pct(plain, 50):.2f}"
+                note += (f"; outbox.synchronized_standby_slots names its slot: ratio of p50"
+                         f" (p99: {pct(lat, 99) / pct(plain, 99):.2f}) to the standby not waited for")
+            else:
+                note += "; a streaming standby on a physical slot, not waited for"
+            row("latency", f"outbox p50/p95/p99 at 100 ev/s{label}",
+                f"{pct(lat, 50):.1f}/{pct(lat, 95):.1f}/{pct(lat, 99):.1f}", "ms", ratio, note)
+    finally:
+        set_conf(conn, "outbox.synchronized_standby_slots", "")
+        standby.stop()
+
+
 def bench_latency(server, conn, brokers, drain_rate, baseline_batch):
     # after the drains, autovacuum would compete for the 2 cores meanwhile
     q(conn, "VACUUM ANALYZE outbox.events")
@@ -428,6 +484,7 @@ def bench_latency(server, conn, brokers, drain_rate, baseline_batch):
         row("latency", f"outbox p50/p95/p99 at {label}",
             f"{pct(lat, 50):.1f}/{pct(lat, 95):.1f}/{pct(lat, 99):.1f}", "ms", "",
             f"{len(lat)} events, {len(lat) / LAT_SECS:,.0f} ev/s reached")
+    bench_standby_latency(server, conn, brokers, tick)
     set_conf(conn, "outbox.enabled", "off")
 
     # the baseline at its usual 100 ms poll, same load into its table
