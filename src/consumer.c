@@ -175,6 +175,7 @@ typedef struct Worker
 	int			maxparts;
 	HTAB	   *parked;			/* topic/key with dead letters: block policy */
 	bool		parked_stale;
+	bool		rejoin;			/* leave the group and join again */
 	TimestampTz last_replay_check;
 	TimestampTz last_report;
 	SPIPlanPtr	plan_lock;
@@ -1845,9 +1846,15 @@ take_resets(Worker *w)
 			continue;
 		if (r->offset < 0)
 		{
-			OutboxConsumerRewind(w->consumer, r->topic, r->partition, r->offset);
-			p->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													  RESET_RETRY_MS);
+			/*
+			 * The log's beginning or end could not be looked up (a topic
+			 * still being made): librdkafka stops fetching the partition
+			 * and no seek restarts it, so the consumer is made again, and
+			 * the assignment starts the partition afresh, after a pause.
+			 */
+			w->rejoin = true;
+			w->consumer_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															   RESET_RETRY_MS);
 			continue;
 		}
 		p->stopped = true;
@@ -1993,8 +2000,9 @@ ensure_consumer(Worker *w)
 	char	   *why = NULL;
 	char		client_id[OUTBOX_SUBSCRIPTION_NAME_MAX + 16];
 
-	if (w->consumer != NULL && OutboxConsumerOutdated(w->consumer))
+	if (w->consumer != NULL && (OutboxConsumerOutdated(w->consumer) || w->rejoin))
 	{
+		w->rejoin = false;
 		/* new settings: leave the group, join again */
 		OutboxConsumerDestroy(w->consumer, CLOSE_TIMEOUT_MS);
 		w->consumer = NULL;
