@@ -697,6 +697,17 @@ extern void OutboxReportStoppedPartition(OutboxInboxSlot *slot,
 extern Oid	OutboxHandlerByName(const char *text);
 extern bool OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem);
 extern bool OutboxRoleMayExecute(Oid role, Oid func);
+
+/* subscribe.c: SQL run with the extension owner's rights, search_path pinned */
+typedef struct OutboxAsOwner
+{
+	Oid			user;
+	int			sec;
+	int			nestlevel;
+} OutboxAsOwner;
+
+extern void OutboxAsOwnerBegin(OutboxAsOwner *save);
+extern void OutboxAsOwnerEnd(OutboxAsOwner *save);
 extern void OutboxSubscriptionsAnnounce(void);
 
 /* consumer.c */

@@ -3,8 +3,8 @@
  * subscribe.c
  *		The SQL side of subscriptions, in user backends: subscribe(),
  *		unsubscribe(), subscription_seek(), the trigger that tells the
- *		launcher at commit, inbox_wake(), and what subscription_status()
- *		and subscription_lag() read.
+ *		launcher at commit, and inbox_wake() (subscription_status.c shows
+ *		them).
  *
  * Invariants:
  *	- subscribe() is SECURITY INVOKER: the subscription's owner is the
@@ -51,8 +51,6 @@ PG_FUNCTION_INFO_V1(outbox_unsubscribe);
 PG_FUNCTION_INFO_V1(outbox_subscription_seek);
 PG_FUNCTION_INFO_V1(outbox_subscriptions_changed);
 PG_FUNCTION_INFO_V1(outbox_inbox_wake);
-PG_FUNCTION_INFO_V1(outbox_subscription_status);
-PG_FUNCTION_INFO_V1(outbox_subscription_lag);
 
 #define TOPICS_MAX 64
 
@@ -206,19 +204,12 @@ name_is_valid(const char *name)
 }
 
 /*
- * as_owner_begin / as_owner_end
+ * OutboxAsOwnerBegin / OutboxAsOwnerEnd
  *		Run the SQL between them with the extension's owner's rights (the
  *		bootstrap superuser who owns its tables) and a pinned search_path.
  */
-typedef struct AsOwner
-{
-	Oid			user;
-	int			sec;
-	int			nestlevel;
-} AsOwner;
-
-static void
-as_owner_begin(AsOwner *save)
+void
+OutboxAsOwnerBegin(OutboxAsOwner *save)
 {
 	GetUserIdAndSecContext(&save->user, &save->sec);
 	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID, save->sec | SECURITY_LOCAL_USERID_CHANGE);
@@ -227,8 +218,8 @@ as_owner_begin(AsOwner *save)
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 }
 
-static void
-as_owner_end(AsOwner *save)
+void
+OutboxAsOwnerEnd(OutboxAsOwner *save)
 {
 	AtEOXact_GUC(false, save->nestlevel);
 	SetUserIdAndSecContext(save->user, save->sec);
@@ -405,7 +396,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	int			batch_size;
 	int			i;
 	Oid			owner = GetUserId();
-	AsOwner		save;
+	OutboxAsOwner save;
 	Oid			types[10] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID,
 	INT4OID, TEXTOID, INT4OID, OIDOID};
 	Datum		args[10];
@@ -480,7 +471,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s", OUTBOX_OLD_SQL_PROBLEM),
 				 errhint("Run ALTER EXTENSION outbox UPDATE in this database.")));
-	as_owner_begin(&save);
+	OutboxAsOwnerBegin(&save);
 	SPI_connect();
 	/* two roles subscribing to one new group at once: one waits */
 	if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
@@ -501,7 +492,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				 errmsg("subscription \"%s\" already exists", name),
 				 errhint("Call outbox.unsubscribe('%s') first, in the same transaction to change it.", name)));
 	SPI_finish();
-	as_owner_end(&save);
+	OutboxAsOwnerEnd(&save);
 	if (!OutboxShmemAvailable())
 		ereport(WARNING,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -568,7 +559,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	bool		purge = PG_NARGS() > 1 && PG_GETARG_BOOL(1);
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1];
-	AsOwner		save;
+	OutboxAsOwner save;
 	Oid			caller = GetUserId();
 	Oid			owner = InvalidOid;
 	char	   *group_id = NULL;
@@ -576,7 +567,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	bool		found;
 
 	args[0] = CStringGetTextDatum(name);
-	as_owner_begin(&save);
+	OutboxAsOwnerBegin(&save);
 	SPI_connect();
 	if (SPI_execute_with_args("SELECT s.owner::pg_catalog.oid, s.group_id FROM outbox.subscriptions s"
 							  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR UPDATE",
@@ -599,7 +590,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	if (found && purge)
 		purge_group(group_id, caller);
 	SPI_finish();
-	as_owner_end(&save);
+	OutboxAsOwnerEnd(&save);
 	PG_RETURN_BOOL(found);
 }
 
@@ -612,7 +603,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
  *		error.  The result is palloc'd in outer.
  */
 static char *
-seek_check(const char *name, const char *topic, Oid caller, AsOwner *save,
+seek_check(const char *name, const char *topic, Oid caller, OutboxAsOwner *save,
 		   MemoryContext outer)
 {
 	Oid			types[2] = {TEXTOID, TEXTOID};
@@ -648,7 +639,7 @@ seek_check(const char *name, const char *topic, Oid caller, AsOwner *save,
 	if (group_id == NULL || refused != NULL || !consumes)
 	{
 		SPI_finish();
-		as_owner_end(save);
+		OutboxAsOwnerEnd(save);
 	}
 	if (group_id == NULL)
 		ereport(ERROR,
@@ -680,7 +671,7 @@ outbox_subscription_seek(PG_FUNCTION_ARGS)
 	Datum		args[4];
 	char	   *name;
 	char	   *topic;
-	AsOwner		save;
+	OutboxAsOwner save;
 	Oid			caller = GetUserId();
 	MemoryContext outer = CurrentMemoryContext;
 	int			i;
@@ -702,7 +693,7 @@ outbox_subscription_seek(PG_FUNCTION_ARGS)
 				 errmsg("next_offset must not be negative"),
 				 errhint("The next offset is that of the first message to apply: 0 for a log that starts over.")));
 
-	as_owner_begin(&save);
+	OutboxAsOwnerBegin(&save);
 	SPI_connect();
 	args[0] = CStringGetTextDatum(seek_check(name, topic, caller, &save, outer));
 	args[1] = CStringGetTextDatum(topic);
@@ -715,7 +706,7 @@ outbox_subscription_seek(PG_FUNCTION_ARGS)
 							  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "setting the next offset failed");
 	SPI_finish();
-	as_owner_end(&save);
+	OutboxAsOwnerEnd(&save);
 	PG_RETURN_VOID();
 }
 
@@ -803,126 +794,3 @@ OutboxSubscriptionsAnnounce(void)
 	SPI_finish();
 }
 
-static Datum
-tz_or_null(TimestampTz t, bool *isnull)
-{
-	*isnull = (t == 0);
-	return TimestampTzGetDatum(t);
-}
-
-/*
- * outbox_subscription_status
- *		SQL outbox.subscription_status(): every subscription of this
- *		database (read from the table with the extension owner's rights),
- *		with what its worker's slot says and its current dead letters.
- */
-Datum
-outbox_subscription_status(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	OutboxInboxView *views;
-	int			nviews;
-	AsOwner		save;
-	uint64		i;
-
-	OutboxMaterializedSRF(fcinfo);
-	nviews = OutboxInboxList(MyDatabaseId, &views);
-	as_owner_begin(&save);
-	SPI_connect();
-	if (SPI_execute("SELECT s.name,"
-					" (SELECT pg_catalog.count(*) FROM outbox.inbox_dead_letters d"
-					"   WHERE d.consumer_group OPERATOR(pg_catalog.=) s.group_id"
-					"     AND d.state OPERATOR(pg_catalog.<>) 'parked'),"
-					" (SELECT pg_catalog.count(*) FROM outbox.inbox_dead_letters d"
-					"   WHERE d.consumer_group OPERATOR(pg_catalog.=) s.group_id"
-					"     AND d.state OPERATOR(pg_catalog.=) 'parked')"
-					" FROM outbox.subscriptions s ORDER BY s.name", true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "reading the subscriptions failed");
-	for (i = 0; i < SPI_processed; i++)
-	{
-		Datum		values[13];
-		bool		nulls[13];
-		bool		isnull;
-		HeapTuple	t = SPI_tuptable->vals[i];
-		char	   *name = TextDatumGetCString(SPI_getbinval(t, SPI_tuptable->tupdesc, 1, &isnull));
-		OutboxInboxView *v = NULL;
-		int			k;
-		int64		lag = 0;
-		bool		lag_known = false;
-
-		for (k = 0; k < nviews; k++)
-			if (strcmp(views[k].name, name) == 0)
-				v = &views[k];
-		memset(nulls, 0, sizeof(nulls));
-		values[0] = CStringGetTextDatum(name);
-		values[1] = CStringGetTextDatum(v ? OutboxInboxStateName(v->pid ? v->state : OUTBOX_INBOX_STOPPED)
-										: OutboxInboxStateName(OUTBOX_INBOX_STOPPED));
-		values[2] = Int32GetDatum(v ? v->pid : 0);
-		nulls[2] = (v == NULL || v->pid == 0);
-		values[3] = tz_or_null(v && v->pid ? v->started_at : 0, &nulls[3]);
-		values[4] = Int64GetDatum(v ? (int64) v->processed : 0);
-		values[5] = Int64GetDatum(v ? (int64) v->deduplicated : 0);
-		values[6] = Int64GetDatum(v ? (int64) v->failed : 0);
-		values[7] = SPI_getbinval(t, SPI_tuptable->tupdesc, 2, &isnull);
-		values[8] = SPI_getbinval(t, SPI_tuptable->tupdesc, 3, &isnull);
-		if (v != NULL)
-			for (k = 0; k < v->nparts; k++)
-				if (v->parts[k].high >= 0 && v->parts[k].next_offset >= 0)
-				{
-					lag += Max(0, v->parts[k].high - v->parts[k].next_offset);
-					lag_known = true;
-				}
-		values[9] = Int64GetDatum(lag);
-		nulls[9] = !lag_known;
-		values[10] = tz_or_null(v ? v->last_applied_at : 0, &nulls[10]);
-		values[11] = v && v->last_error[0] ? CStringGetTextDatum(v->last_error) : (Datum) 0;
-		nulls[11] = !(v && v->last_error[0]);
-		values[12] = tz_or_null(v ? v->last_error_at : 0, &nulls[12]);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
-	SPI_finish();
-	as_owner_end(&save);
-	return (Datum) 0;
-}
-
-/*
- * outbox_subscription_lag
- *		SQL outbox.subscription_lag(): per running subscription and assigned
- *		partition, from its worker's slot.
- */
-Datum
-outbox_subscription_lag(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	OutboxInboxView *views;
-	int			nviews;
-	int			i;
-	int			k;
-
-	OutboxMaterializedSRF(fcinfo);
-	nviews = OutboxInboxList(MyDatabaseId, &views);
-	for (i = 0; i < nviews; i++)
-	{
-		if (views[i].pid == 0)
-			continue;
-		for (k = 0; k < views[i].nparts; k++)
-		{
-			OutboxInboxPart *p = &views[i].parts[k];
-			Datum		values[6];
-			bool		nulls[6];
-
-			memset(nulls, 0, sizeof(nulls));
-			values[0] = CStringGetTextDatum(views[i].name);
-			values[1] = CStringGetTextDatum(p->topic);
-			values[2] = Int32GetDatum(p->partition);
-			values[3] = Int64GetDatum(p->next_offset);
-			nulls[3] = p->next_offset < 0;
-			values[4] = Int64GetDatum(p->high);
-			nulls[4] = p->high < 0;
-			values[5] = Int64GetDatum(Max(0, p->high - p->next_offset));
-			nulls[5] = nulls[3] || nulls[4];
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-	}
-	return (Datum) 0;
-}
