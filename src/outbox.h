@@ -467,7 +467,7 @@ typedef struct OutboxBatch
 
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
-extern void OutboxStoreLoadOrigin(void);
+extern void OutboxStoreLoadOrigin(bool force);
 extern int64 OutboxStoreAdoptRestored(bool force);
 extern bool OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt);
 extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,

@@ -106,7 +106,7 @@ OutboxRelayLoadProgress(Relay *r, Oid dboid)
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension(r);
 	OutboxStoreLoadProgress(&r->batch, r->cxt);
-	OutboxStoreLoadOrigin();
+	OutboxStoreLoadOrigin(true);
 	OutboxRelayLoadHolds(r);
 	OutboxRelayEndTxn(r);
 }
@@ -182,8 +182,8 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 		OutboxRelayReloadBlocked(r);
 	if (!r->batch_open)
 	{
-		/* the origin, once a batch: an update to 1.8 makes one */
-		OutboxStoreLoadOrigin();
+		/* until an update to 1.8 makes the origin, look once a batch */
+		OutboxStoreLoadOrigin(false);
 		if (!OutboxStoreOpenBatch(&r->batch, r->cxt))
 		{
 			OutboxRelayEndTxn(r);
@@ -376,7 +376,7 @@ OutboxRelayAdoptRestored(Relay *r)
 		TimestampDifferenceExceeds(r->restore_waiting_since, now, RELAY_RESTORE_WAIT_MS);
 	OutboxRelayBeginTxn("adopting restored events");
 	/* a restore brings its origin too */
-	OutboxStoreLoadOrigin();
+	OutboxStoreLoadOrigin(true);
 	published = OutboxStoreAdoptRestored(force);
 	OutboxRelayEndTxn(r);
 	if (published == -2)

@@ -248,14 +248,20 @@ getstr(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
 /*
  * OutboxStoreLoadOrigin
  *		Make this database's outbox.origin the origin the relay sends (in
- *		the caller's transaction).  SQL objects older than 1.8 have none.
+ *		the caller's transaction).  SQL objects older than 1.8 have none:
+ *		until the table is found, every call looks again; once it is, only
+ *		a forced call reads it (at start, and after a restore brought its
+ *		own).
  */
 void
-OutboxStoreLoadOrigin(void)
+OutboxStoreLoadOrigin(bool force)
 {
+	static bool found = false;
 	HeapTuple	tup;
 	bool		isnull;
 
+	if (found && !force)
+		return;
 	SPI_connect();
 	tup = OutboxStoreRow("SELECT pg_catalog.to_regclass('outbox.origin') IS NOT NULL",
 						 "look for the origin");
@@ -266,6 +272,7 @@ OutboxStoreLoadOrigin(void)
 		tup = OutboxStoreRow("SELECT o.origin::pg_catalog.text FROM outbox.origin o",
 							 "read the origin");
 		OutboxSetOrigin(getstr(tup, SPI_tuptable->tupdesc, 1, CurrentMemoryContext));
+		found = true;
 	}
 	SPI_finish();
 }
