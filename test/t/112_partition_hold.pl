@@ -260,7 +260,25 @@ diag(sprintf(
 		scalar(@live_hold), percentile(\@live_outage, 99) // -1,
 		percentile(\@live_outage, 100) // -1, scalar(@live_outage),
 		percentile(\@live_before, 99) // -1));
-cmp_ok(scalar(@live_hold), '>', 5000, 'the live partitions received events during the outage');
+# the live partitions keep flowing: every event committed on one while the
+# hold lasts (5 s short of the broker's return) reached the consumer before
+# the broker returned.  Counted against what was committed, not a rate, so
+# that a slow machine's lower load does not fail it.
+my %part_of = map { (($_->{headers}{id} // '') => $_->{partition}) } @$msgs;
+my ($live_due, @live_late) = (0);
+foreach my $id (keys %$all_a)
+{
+	my $c = $committed_at->{$id};
+	next unless $c >= $t_held + 1 && $c < $t_up - 5;
+	my $p = $part_of{$id};
+	next if !defined $p || $sick{$p};
+	$live_due++;
+	push @live_late, $id unless $arrived->{$id} && $arrived->{$id}{at} < $t_up;
+}
+cmp_ok($live_due, '>', 500, "events were committed on the live partitions while the hold lasted ($live_due)");
+is(scalar(@live_late), 0,
+	'each of them reached the consumer before the stopped broker returned')
+  or diag 'for instance ' . join(', ', @live_late[ 0 .. ($#live_late < 4 ? $#live_late : 4) ]);
 cmp_ok($p99 // 1e9, '<=', 1.0,
 	'their p99 commit-to-arrival latency while the hold lasts is at most 1 s');
 cmp_ok($sick_n // 0, '>', 1000, "the stopped broker's partitions had events committed during the outage ($sick_n)");
