@@ -25,7 +25,7 @@ SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress: emit() without preload, against a throwaway instance
 REGRESS = setup emit capture privileges settings replay sequence inbox subscription
-REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
+REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims
 ISOLATION = aggregate_order inbox_race emit_moved
