@@ -8,10 +8,14 @@ OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
 	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
 	src/kafka_settings.o src/status.o src/probe.o src/inbox_shmem.o \
 	src/subscribe.o src/subscription_status.o src/consumer.o src/consumer_range.o src/kafka_consumer.o
+
 # the frozen 1.0 script and the upgrade chain as they are; the current
 # version's script built from sql/outbox.sql (the version read from
 # outbox.control), so CREATE EXTENSION of an older version walks the chain
 EXTVERSION := $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+ifeq ($(EXTVERSION),)
+$(error no default_version found in $(EXTENSION).control)
+endif
 DATA = sql/$(EXTENSION)--1.0.sql $(wildcard sql/$(EXTENSION)--*--*.sql)
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 
@@ -23,7 +27,8 @@ endif
 PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
-# pg_regress: emit() without preload, against a throwaway instance
+# pg_regress (test/sql, test/expected): emit() without preload, against a
+# throwaway instance
 REGRESS = setup emit capture privileges settings replay sequence inbox subscription
 REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
