@@ -8,7 +8,16 @@ OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
 	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
 	src/kafka_settings.o src/status.o src/probe.o src/inbox_shmem.o \
 	src/subscribe.o src/subscription_status.o src/consumer.o src/consumer_range.o src/kafka_consumer.o
-DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+
+# the frozen 1.0 script and the upgrade chain as they are; the current
+# version's script built from sql/outbox.sql (the version read from
+# outbox.control), so CREATE EXTENSION of an older version walks the chain
+EXTVERSION := $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+ifeq ($(EXTVERSION),)
+$(error no default_version found in $(EXTENSION).control)
+endif
+DATA = sql/$(EXTENSION)--1.0.sql $(wildcard sql/$(EXTENSION)--*--*.sql)
+DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 
 RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
 RDKAFKA_LIBS := $(shell pkg-config --libs rdkafka 2>/dev/null)
@@ -18,9 +27,10 @@ endif
 PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
-# pg_regress: emit() without preload, against a throwaway instance
+# pg_regress (test/sql, test/expected): emit() without preload, against a
+# throwaway instance
 REGRESS = setup emit capture privileges settings replay sequence inbox subscription
-REGRESS_OPTS = --temp-instance=tmp_check_regress --temp-config=test/regress.conf
+REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims
 ISOLATION = aggregate_order inbox_race emit_moved
@@ -39,6 +49,9 @@ PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared headers (PGXS tracks no header)
 $(OBJS): src/outbox.h src/compat.h src/relay.h src/store.h src/kafka.h
+
+sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
+	cp $< $@
 
 test-broker:
 	$(MAKE) -C test/broker

@@ -4,6 +4,12 @@
 # Both ways: ALTER EXTENSION UPDATE straight to the current version (the
 # chain of scripts in one go), and one version at a time, each step equal
 # to a fresh install of the version it reaches.
+#
+# Only 1.0 and the current version have a full install script: an older
+# version installs as 1.0 and the upgrade scripts.  "Equal to a fresh
+# install" of a released version means equal to the catalog fingerprint
+# saved from that version's own full script (test/t/fingerprints/, which
+# says how to regenerate the current version's).
 
 use strict;
 use warnings;
@@ -17,25 +23,14 @@ use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
 
 my ($current) = slurp_file('outbox.control') =~ /^default_version\s*=\s*'([^']+)'/m;
-# every version with an install script, oldest first; the released ones are
-# all but the current one
-sub version_cmp
-{
-	my @a = split /\./, $a;
-	my @b = split /\./, $b;
-	return $a[0] <=> $b[0] || $a[1] <=> $b[1];
-}
-my @versions = sort version_cmp
-  map { m{sql/outbox--(\d+\.\d+)\.sql$} ? $1 : () } glob('sql/outbox--*.sql');
-is($versions[-1], $current, "the newest install script is the default version, $current");
+# every version, oldest first: 1.0, then where each upgrade script leads;
+# the released ones are all but the current one
+my %next = map { m{^sql/outbox--([\d.]+)--([\d.]+)\.sql$} ? ($1 => $2) : () } glob('sql/outbox--*--*.sql');
+my @versions = ('1.0');
+push @versions, $next{ $versions[-1] } while exists $next{ $versions[-1] } && @versions <= keys %next;
+is($versions[-1], $current, "the upgrade scripts lead from 1.0 to the default version: @versions");
 my @released = grep { $_ ne $current } @versions;
 ok(scalar(@released) >= 1, "released versions to upgrade from: @released");
-# each step has its upgrade script
-for my $i (1 .. $#versions)
-{
-	ok(-f "sql/outbox--$versions[$i - 1]--$versions[$i].sql",
-		"an upgrade script from $versions[$i - 1] to $versions[$i]");
-}
 
 my $kafka = OutboxTest::Broker->start(brokers => 1);
 # a relay per database: one per released version upgraded at once and one
@@ -43,72 +38,35 @@ my $kafka = OutboxTest::Broker->start(brokers => 1);
 my $node = outbox_node('upgrade', $kafka,
 	conf => "max_worker_processes = 40\noutbox.max_databases = 32");
 
-# What a user of the extension's objects can observe, one line per fact:
-# functions with their attributes, settings and grants; tables, columns,
-# defaults, constraints, indexes; views; comments; dump configuration;
-# the rows the install scripts write.
-my $fingerprint_sql = q{
-WITH ext AS (SELECT oid, extconfig, extcondition FROM pg_extension WHERE extname = 'outbox'),
-members AS (
-	SELECT d.classid, d.objid FROM pg_depend d, ext
-	 WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'
-),
-facts AS (
-	SELECT 'function ' || p.oid::regprocedure || ' returns ' || pg_get_function_result(p.oid)
-		|| ' lang ' || l.lanname || ' vol ' || p.provolatile::text || ' strict ' || p.proisstrict
-		|| ' secdef ' || p.prosecdef || ' parallel ' || p.proparallel::text
-		|| ' config ' || coalesce(array_to_string(p.proconfig, '|'), '-')
-		|| ' acl ' || coalesce(p.proacl::text, '-')
-		|| ' src ' || md5(p.prosrc)
-		|| ' args ' || pg_get_function_arguments(p.oid)
-		|| ' comment ' || coalesce(obj_description(p.oid, 'pg_proc'), '-') AS fact
-	  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-	 WHERE p.pronamespace = 'outbox'::regnamespace
-	UNION ALL
-	SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind::text
-		|| ' acl ' || coalesce(c.relacl::text, '-')
-		|| ' comment ' || coalesce(obj_description(c.oid, 'pg_class'), '-')
-		|| ' member ' || EXISTS (SELECT 1 FROM members m WHERE m.classid = 'pg_class'::regclass AND m.objid = c.oid)
-		|| ' view ' || CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) ELSE '-' END
-		|| ' index ' || CASE WHEN c.relkind = 'i' THEN pg_get_indexdef(c.oid) ELSE '-' END
-	  FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace
-	UNION ALL
-	SELECT 'column ' || a.attrelid::regclass || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
-		|| ' collation ' || a.attcollation::regcollation::text
-		|| ' notnull ' || a.attnotnull || ' identity ' || a.attidentity::text
-		|| ' default ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '-')
-		|| ' comment ' || coalesce(col_description(a.attrelid, a.attnum), '-')
-	  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-	  LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
-	 WHERE c.relnamespace = 'outbox'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
-	UNION ALL
-	SELECT 'constraint ' || co.conrelid::regclass || ' ' || co.conname || ' ' || pg_get_constraintdef(co.oid)
-	  FROM pg_constraint co WHERE co.connamespace = 'outbox'::regnamespace
-	UNION ALL
-	SELECT 'type ' || t.oid::regtype || ' comment ' || coalesce(obj_description(t.oid, 'pg_type'), '-')
-	  FROM pg_type t WHERE t.typnamespace = 'outbox'::regnamespace AND t.typrelid = 0
-	  AND t.typelem = 0
-	UNION ALL
-	SELECT 'trigger ' || tg.tgrelid::regclass || ' ' || pg_get_triggerdef(tg.oid)
-	  FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid
-	 WHERE c.relnamespace = 'outbox'::regnamespace AND NOT tg.tgisinternal
-	UNION ALL
-	SELECT 'dumped ' || u.cfg::regclass || ' where ' || coalesce(nullif(u.cond, ''), '-')
-	  FROM ext, unnest(ext.extconfig, ext.extcondition) AS u(cfg, cond)
-	UNION ALL
-	SELECT 'member ' || pg_describe_object(m.classid, m.objid, 0) FROM members m
-	UNION ALL
-	SELECT 'schema acl ' || coalesce(n.nspacl::text, '-') || ' owner super '
-		|| (SELECT rolsuper FROM pg_roles WHERE oid = n.nspowner)
-	  FROM pg_namespace n WHERE n.nspname = 'outbox'
-)
-SELECT fact FROM facts ORDER BY fact COLLATE "C"
-};
+# What a user of the extension's objects can observe, one line per fact
+# (test/t/fingerprints/catalog.sql says which)
+my $fingerprint_sql = slurp_file("$FindBin::RealBin/fingerprints/catalog.sql");
 
 sub fingerprint
 {
 	my ($db) = @_;
 	return [ split /\n/, $node->safe_psql($db, $fingerprint_sql) ];
+}
+
+# the fingerprints saved for this PostgreSQL major, one per version
+my $major = int($node->safe_psql('postgres', 'SHOW server_version_num') / 10000);
+my $saved_dir = "$FindBin::RealBin/fingerprints/pg$major";
+my %saved;
+for my $v (@versions)
+{
+	my $file = "$saved_dir/outbox-$v.txt";
+	ok(-f $file, "a fingerprint of $v is saved for PostgreSQL $major")
+	  or diag("test/t/fingerprints/catalog.sql says how to make $file");
+	$saved{$v} = -f $file ? [ split /\n/, slurp_file($file) ] : [];
+}
+
+# older versions install as 1.0 and the upgrade scripts: no stale full
+# script of theirs (from an earlier make install) is in the way
+my $extdir = $node->config_data('--sharedir') . '/extension';
+for my $v (@versions[ 1 .. $#versions - 1 ])
+{
+	ok(!-e "$extdir/outbox--$v.sql", "no full install script of $v is installed")
+	  or diag("remove $extdir/outbox--$v.sql, left by an older make install");
 }
 
 sub emit_n
@@ -119,31 +77,53 @@ sub emit_n
 		  . "FROM generate_series(1, $n) g");
 }
 
+# same_catalog(got, want, name [, got_is, want_is]): the facts of got equal
+# those of want; when not, each fact only one of them has is reported as
+# "only <got_is>" or "only <want_is>" ("upgraded" and "fresh" by default)
 sub same_catalog
 {
-	my ($got, $want, $name) = @_;
+	my ($got, $want, $name, $got_is, $want_is) = @_;
 	is_deeply($got, $want, $name)
 	  or do {
 		my %w = map { $_ => 1 } @$want;
 		my %g = map { $_ => 1 } @$got;
-		diag("only upgraded: $_") for grep { !$w{$_} } @$got;
-		diag("only fresh: $_") for grep { !$g{$_} } @$want;
+		diag('only ' . ($got_is // 'upgraded') . ": $_") for grep { !$w{$_} } @$got;
+		diag('only ' . ($want_is // 'fresh') . ": $_") for grep { !$g{$_} } @$want;
+		return 0;
 	  };
+	return 1;
 }
 
-# the fingerprint of a fresh install of every version but the oldest
+# as_saved(db, version, name): db's catalog equals the fingerprint saved for
+# version; when not, db's is written beside the TAP log for review
+sub as_saved
+{
+	my ($db, $v, $name) = @_;
+	my $got = fingerprint($db);
+	return 1
+	  if same_catalog($got, $saved{$v}, $name, "in $db", "in pg$major/outbox-$v.txt");
+	my $file = "$PostgreSQL::Test::Utils::log_path/fingerprint-pg$major-outbox-$v-$db.txt";
+	open(my $fh, '>', $file) or die "could not write $file: $!";
+	print $fh map { "$_\n" } @$got;
+	close($fh);
+	diag("the fingerprint of $db is in $file");
+	return 0;
+}
+
+# a fresh install of each version, older ones through 1.0's script and the
+# upgrade scripts, equals the fingerprint saved from its own full script
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
-my %fresh_of;
-for my $v (@versions[ 1 .. $#versions - 1 ])
+for my $v (@released)
 {
 	$node->safe_psql('fresh', "CREATE EXTENSION outbox VERSION '$v'");
-	$fresh_of{$v} = fingerprint('fresh');
+	as_saved('fresh', $v, "CREATE EXTENSION outbox VERSION '$v' equals the fingerprint saved for $v");
 	$node->safe_psql('fresh', 'DROP EXTENSION outbox');
 }
 $node->safe_psql('fresh', 'CREATE EXTENSION outbox');
 is($node->safe_psql('fresh', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
 	$current, "CREATE EXTENSION installs $current");
-my $fresh = $fresh_of{$current} = fingerprint('fresh');
+as_saved('fresh', $current, "a fresh $current install equals the fingerprint saved for $current");
+my $fresh = fingerprint('fresh');
 ok(scalar(@$fresh) > 50, 'the fingerprint of a fresh install has ' . scalar(@$fresh) . ' facts');
 
 for my $from (@released)
@@ -263,8 +243,7 @@ for my $i (0 .. $#versions - 2)
 		$node->safe_psql($db, "ALTER EXTENSION outbox UPDATE TO '$to'");
 		is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
 			$to, "$from step by step: ALTER EXTENSION outbox UPDATE TO '$to'");
-		same_catalog(fingerprint($db), $fresh_of{$to},
-			"$from step by step: at $to the catalog equals a fresh $to install");
+		as_saved($db, $to, "$from step by step: at $to the catalog equals a fresh $to install");
 		push @ids, emit_n($db, "s$from-$to", 100);
 	}
 

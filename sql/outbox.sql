@@ -1,4 +1,10 @@
-/* outbox--1.8.sql: the event log, emit(), capture(), the relay's progress, the consumers' inbox and subscriptions */
+/*
+ * outbox.sql: the current version's full install script (make copies it to
+ * outbox--<default_version>.sql): the event log, emit(), capture(), the
+ * relay's progress, the consumers' inbox and subscriptions.  A change here
+ * comes with the upgrade script to the version it makes, which must leave a
+ * database equal to a fresh install of this one.
+ */
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
