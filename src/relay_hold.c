@@ -57,7 +57,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "relay.h"
+#include "relay_state.h"
 
 #define HOLD_PROBE_RETRY_MS	1000	/* after a probe librdkafka refused */
 #define HOLD_TABLE_CHECK_MS	10000	/* looking for outbox.held after an update */
