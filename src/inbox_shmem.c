@@ -286,12 +286,11 @@ OutboxInboxSlotCount(void)
 
 /*
  * OutboxInboxSlotPeek
- *		Launcher: what slot i wants.  False when it is free; otherwise its
- *		database, name, worker pid, whether it is gone and its hold.
+ *		Launcher: what slot i wants.  False when it is free; otherwise out
+ *		says (OutboxInboxPeek).
  */
 bool
-OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid, bool *gone,
-					TimestampTz *hold_until)
+OutboxInboxSlotPeek(int i, OutboxInboxPeek *out)
 {
 	OutboxInboxSlot *s = &inbox->slots[i];
 	bool		in_use;
@@ -301,11 +300,11 @@ OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid, bool *gone,
 	if (in_use)
 	{
 		SpinLockAcquire(&s->mutex);
-		*dboid = s->v.dboid;
-		strlcpy(name, s->v.name, OUTBOX_SUBSCRIPTION_NAME_MAX);
-		*pid = s->v.pid;
-		*gone = s->gone;
-		*hold_until = s->hold_until;
+		out->dboid = s->v.dboid;
+		strlcpy(out->name, s->v.name, sizeof(out->name));
+		out->pid = s->v.pid;
+		out->gone = s->gone;
+		out->hold_until = s->hold_until;
 		SpinLockRelease(&s->mutex);
 	}
 	LWLockRelease(inbox->lock);

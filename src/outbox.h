@@ -582,6 +582,16 @@ typedef struct OutboxInboxTally
 
 typedef struct OutboxInboxSlot OutboxInboxSlot;
 
+/* what the launcher reads of a subscription slot in use */
+typedef struct OutboxInboxPeek
+{
+	Oid			dboid;
+	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+	int			pid;			/* its worker's, 0: none */
+	bool		gone;			/* the worker found no subscription row */
+	TimestampTz hold_until;		/* no worker before */
+} OutboxInboxPeek;
+
 extern int	outbox_max_subscriptions;
 extern int	outbox_max_subscriptions_per_database;
 extern const char *OutboxInboxStateName(OutboxInboxState state);
@@ -592,8 +602,7 @@ extern bool OutboxInboxRequest(Oid dboid, const char *name, bool changed);
 extern void OutboxInboxWake(Oid dboid, const char *name);
 extern void OutboxInboxHoldDatabase(Oid dboid, TimestampTz until);
 extern int	OutboxInboxSlotCount(void);
-extern bool OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid,
-								bool *gone, TimestampTz *hold_until);
+extern bool OutboxInboxSlotPeek(int i, OutboxInboxPeek *out);
 extern void OutboxInboxSlotFree(int i);
 extern void OutboxInboxSlotForget(int i);
 extern void OutboxInboxSetWait(int i, Oid dboid, const char *name,
@@ -713,16 +722,25 @@ extern void OutboxSubscriptionsAnnounce(void);
 /* consumer.c */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
-/* launcher.c, launcher_consumers.c: the launcher */
+/* launcher.c: the launcher, over launcher_relays.c and launcher_consumers.c */
 #define OUTBOX_RESTART_DELAY_MS		1000	/* before a stopped worker starts again */
 #define OUTBOX_NO_WORKER_RETRY_MS	5000	/* after no background worker slot was free */
+#define OUTBOX_RESCAN_INTERVAL_MS	10000	/* pg_database is read again after */
 
 extern void OutboxLauncherRegisterStatic(void);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
-extern bool OutboxLauncherKnowsDatabase(Oid dboid);
-extern void OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len);
+
+/* launcher_consumers.c: the launcher's subscription workers */
 extern bool OutboxConsumersReap(TimestampTz now, TimestampTz *retry_at);
 extern long OutboxConsumersSupervise(long sleep, bool relays_wait, bool relay_refused);
+
+/* launcher_relays.c: the launcher's relays and probes, by database */
+extern bool OutboxLauncherKnowsDatabase(Oid dboid);
+extern void OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len);
+extern void OutboxRelaysRescan(void);
+extern void OutboxRelaysRequested(Oid dboid);
+extern long OutboxRelaysSupervise(bool *relays_wait, bool *refused);
+extern void OutboxRelaysRetry(TimestampTz when);
 
 /* utility.c: runs in user backends */
 extern void OutboxUtilityHookInstall(void);
