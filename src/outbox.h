@@ -465,6 +465,13 @@ typedef struct OutboxBatch
 	bool		fresh;
 } OutboxBatch;
 
+/*
+ * A plan saved for the life of the process, inside SPI; emit.c, sequence.c
+ * and consumer.c save theirs with it too.  (struct _SPI_plan * is
+ * executor/spi.h's SPIPlanPtr.)
+ */
+extern struct _SPI_plan *OutboxStorePrepare(const char *sql, int nargs,
+											Oid *types, const char *what);
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern void OutboxStoreLoadOrigin(bool force);
@@ -475,11 +482,20 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								bool *cut);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
-extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
+
+/*
+ * How a dead letter's last_error words its event's last delivery error:
+ * the caller's (OutboxDeliveryErrorText), as the SQL files know no Kafka.
+ */
+typedef const char *(*OutboxErrorWording) (int err, bool local);
+
+extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n,
+										 OutboxErrorWording wording);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
-extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
+extern void OutboxStoreFinishReplays(OutboxEvent *events, int n,
+									 OutboxErrorWording wording);
 extern int64 OutboxStoreCleanup(int max_events, TimestampTz *oldest);
 extern int64 OutboxStoreInboxCleanup(int max_rows);
 

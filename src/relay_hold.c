@@ -549,7 +549,7 @@ OutboxRelayRecordDrain(Relay *r, RelayPage *pg)
 	int64		gone;
 
 	OutboxRelayBeginTxn("recording delivered held events");
-	if (OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+	if (OutboxStoreRecordDeadLetters(pg->events, pg->n, OutboxDeliveryErrorText) > 0)
 		r->replays_due = true;
 	gone = OutboxStoreReleaseHeld(pg->events, pg->n);
 	OutboxRelayEndTxn(r);

@@ -281,7 +281,7 @@ record_replays(Relay *r, RelayPage *pg, int delivered)
 
 	/* parked events it releases are read in the next round */
 	OutboxRelayBeginTxn("recording replays");
-	OutboxStoreFinishReplays(pg->events, pg->n);
+	OutboxStoreFinishReplays(pg->events, pg->n, OutboxDeliveryErrorText);
 	OutboxRelayEndTxn(r);
 	/* read the settled dead letters in a transaction that sees them */
 	r->blocked_stale = true;
@@ -328,7 +328,8 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 
 	/* the invariant of relay_hold.c: held rows commit with the progress */
 	OutboxRelayBeginTxn("recording progress");
-	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+	if (has_dead &&
+		OutboxStoreRecordDeadLetters(pg->events, pg->n, OutboxDeliveryErrorText) > 0)
 		r->replays_due = true;
 	(void) OutboxStoreHoldEvents(pg->events, pg->n, r->held_counted);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);

@@ -111,7 +111,7 @@ static SPIPlanPtr plans[Q_COUNT];
 
 /*
  * OutboxStorePrepare
- *		Prepare one of the relay's statements and keep the plan for the
+ *		Prepare one of the extension's statements and keep the plan for the
  *		life of the process; the caller holds it in a static and prepares
  *		only while that is NULL.  Must run inside SPI.  A statement of ours
  *		that does not prepare is a bug, hence elog; what names it there.
