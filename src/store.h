@@ -17,10 +17,16 @@
 
 extern void OutboxStoreRun(const char *sql, bool read_only, long count,
 						   int expected, const char *what);
+extern int64 OutboxStoreRunArgs(const char *sql, int nargs, Oid *types,
+								Datum *values, int expected, const char *what);
 extern HeapTuple OutboxStoreRow(const char *sql, const char *what);
 extern int	OutboxStoreFetchEvents(Portal portal, int limit, int64 max_bytes,
 								   OutboxEvent **events, MemoryContext cxt,
 								   bool *cut);
+extern int	OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types,
+								   Datum *values, bool read_only, int limit,
+								   OutboxEvent **events, MemoryContext cxt,
+								   const char *what);
 
 /*
  * The columns store.c's decode_event() reads, in its order.  Values come back binary
