@@ -38,7 +38,7 @@ include $(PGXS)
 PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared headers (PGXS tracks no header)
-$(OBJS): src/outbox.h src/compat.h src/relay_state.h src/store.h src/kafka.h
+$(OBJS): src/outbox.h src/compat.h src/relay_state.h src/store.h src/kafka.h src/shmem_area.h
 
 test-broker:
 	$(MAKE) -C test/broker

@@ -535,17 +535,27 @@ typedef struct OutboxBlocked
 	"the extension's SQL objects in this database are older than its library: run ALTER EXTENSION outbox UPDATE"
 #define OUTBOX_INBOX_PARTS_MAX			64	/* partitions a slot shows */
 
+/*
+ * A subscription's states in order, each with the one spelling status()
+ * shows of it (OutboxInboxStateName), so that none lacks a name.
+ * RETRYING: a handler failed, its partition waits.  PARTITION_STOPPED: a
+ * partition's log does not hold its next offset (consumer_range.c).
+ */
+#define OUTBOX_INBOX_STATES(state) \
+	state(OUTBOX_INBOX_STARTING, "starting") \
+	state(OUTBOX_INBOX_RUNNING, "running") \
+	state(OUTBOX_INBOX_RETRYING, "retrying") \
+	state(OUTBOX_INBOX_PARTITION_STOPPED, "partition stopped") \
+	state(OUTBOX_INBOX_NOT_CONFIGURED, "not configured") \
+	state(OUTBOX_INBOX_STOPPED, "stopped")
+
+#define OUTBOX_INBOX_STATE_VALUE(value, name) value,
+
 typedef enum OutboxInboxState
 {
-	OUTBOX_INBOX_STARTING = 0,
-	OUTBOX_INBOX_RUNNING,
-	OUTBOX_INBOX_RETRYING,		/* a handler failed: its partition waits */
-	OUTBOX_INBOX_PARTITION_STOPPED, /* a partition's log does not hold its
-									 * next offset: see consumer_range.c */
-	OUTBOX_INBOX_NOT_CONFIGURED,
-	OUTBOX_INBOX_STOPPED
+	OUTBOX_INBOX_STATES(OUTBOX_INBOX_STATE_VALUE)
+	OUTBOX_INBOX_NSTATES
 } OutboxInboxState;
-#define OUTBOX_INBOX_NSTATES (OUTBOX_INBOX_STOPPED + 1)
 
 /* why the launcher left a subscription without a worker (none: it did not) */
 typedef enum OutboxInboxWait
