@@ -73,7 +73,11 @@ static int	probes_running = 0;
  */
 static bool relay_refused = false;
 
-
+/*
+ * find_entry
+ *		dboid's entry; with create, a new one (in TopMemoryContext, the
+ *		launcher's for its life) when it has none, else NULL then.
+ */
 static RelayEntry *
 find_entry(Oid dboid, bool create)
 {

@@ -7,11 +7,11 @@
  *		(relay_state.h lists them), none of which calls back into it.
  *
  * Invariants:
- *	- The relay's state is one Relay (relay_state.h); the loop steps it from one
- *	  explicit step to the next: a page goes read -> send -> await ->
- *	  record, or backs off between rounds; no work is idle, no settings
- *	  paused.  relay_round.c sends and settles rounds, relay_page.c reads
- *	  and records pages.
+ *	- The relay's state is one Relay (relay_state.h); the loop steps it
+ *	  from one explicit step to the next: a page goes read -> send ->
+ *	  await -> record, or backs off between rounds; no work is idle, no
+ *	  settings paused.  relay_round.c sends and settles rounds,
+ *	  relay_page.c reads and records pages.
  *	- No transaction or snapshot is held while waiting on the network: a
  *	  page is read in one short transaction, published with none open, and
  *	  its progress saved in another short transaction.
@@ -107,6 +107,7 @@
 
 static Relay relay;
 
+/* before_shmem_exit: the producer goes, and the slot is left (shmem.c) */
 static void
 relay_detach(int code, Datum arg)
 {
@@ -554,6 +555,7 @@ step_record(Relay *r)
 	return RELAY_STEP_READ;
 }
 
+/* one step of the loop: the step it leads to */
 static RelayStep
 relay_step(Relay *r)
 {
