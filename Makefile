@@ -3,8 +3,8 @@
 EXTENSION = outbox
 MODULE_big = outbox
 OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
-	src/topic.o src/sequence.o src/counter.o src/launcher.o src/launcher_consumers.o src/relay.o src/relay_round.o \
-	src/relay_page.o src/relay_hold.o src/relay_standby.o src/message.o src/store.o src/store_dead.o \
+	src/topic.o src/sequence.o src/counter.o src/launcher.o src/launcher_consumers.o src/launcher_relays.o src/relay.o src/relay_round.o \
+	src/relay_page.o src/relay_hold.o src/relay_standby.o src/relay_state.o src/relay_producer.o src/message.o src/store.o src/store_dead.o \
 	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
 	src/kafka_settings.o src/status.o src/probe.o src/inbox_shmem.o \
 	src/subscribe.o src/subscription_status.o src/consumer.o src/consumer_range.o src/kafka_consumer.o
@@ -48,7 +48,7 @@ include $(PGXS)
 PROVE_FLAGS += -I test/perl
 
 # every object depends on the shared headers (PGXS tracks no header)
-$(OBJS): src/outbox.h src/compat.h src/relay.h src/store.h src/kafka.h
+$(OBJS): src/outbox.h src/compat.h src/relay_state.h src/store.h src/kafka.h src/shmem_area.h
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@

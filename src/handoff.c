@@ -35,6 +35,7 @@
 #include "storage/shmem.h"
 
 #include "outbox.h"
+#include "shmem_area.h"
 
 /* a probe worker's answer: does this database have the extension? */
 typedef struct OutboxProbe
@@ -84,20 +85,18 @@ handoff_size(void)
 void
 OutboxHandoffShmemRequest(void)
 {
-	RequestAddinShmemSpace(handoff_size());
-	RequestNamedLWLockTranche("outbox handoff", 1);
+	OutboxShmemAreaRequest("outbox handoff", handoff_size());
 }
 
 void
 OutboxHandoffShmemInit(void)
 {
-	bool		found;
+	LWLock	   *made_lock;
 
-	handoff = ShmemInitStruct("outbox handoff", handoff_size(), &found);
-	if (!found)
+	handoff = OutboxShmemAreaInit("outbox handoff", handoff_size(), &made_lock);
+	if (made_lock != NULL)
 	{
-		memset(handoff, 0, handoff_size());
-		handoff->lock = &(GetNamedLWLockTranche("outbox handoff"))->lock;
+		handoff->lock = made_lock;
 		handoff->nprepared = max_prepared_xacts;
 	}
 }

@@ -45,6 +45,7 @@
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+#include "shmem_area.h"
 
 struct OutboxInboxSlot
 {
@@ -67,17 +68,12 @@ typedef struct OutboxInboxShared
 
 static OutboxInboxShared *inbox = NULL;
 
-static const char *const inbox_state_names[] = {
-	[OUTBOX_INBOX_STARTING] = "starting",
-	[OUTBOX_INBOX_RUNNING] = "running",
-	[OUTBOX_INBOX_RETRYING] = "retrying",
-	[OUTBOX_INBOX_PARTITION_STOPPED] = "partition stopped",
-	[OUTBOX_INBOX_NOT_CONFIGURED] = "not configured",
-	[OUTBOX_INBOX_STOPPED] = "stopped",
-};
+#define INBOX_STATE_NAME(value, name) [value] = name,
 
-StaticAssertDecl(lengthof(inbox_state_names) == OUTBOX_INBOX_NSTATES,
-				 "a subscription state has no name");
+/* by OutboxInboxState: the names its list in outbox.h gives */
+static const char *const inbox_state_names[] = {
+	OUTBOX_INBOX_STATES(INBOX_STATE_NAME)
+};
 
 const char *
 OutboxInboxStateName(OutboxInboxState state)
@@ -102,21 +98,19 @@ inbox_size(void)
 void
 OutboxInboxShmemRequest(void)
 {
-	RequestAddinShmemSpace(inbox_size());
-	RequestNamedLWLockTranche("outbox inbox", 1);
+	OutboxShmemAreaRequest("outbox inbox", inbox_size());
 }
 
 void
 OutboxInboxShmemInit(void)
 {
-	bool		found;
+	LWLock	   *made_lock;
 	int			i;
 
-	inbox = ShmemInitStruct("outbox inbox", inbox_size(), &found);
-	if (!found)
+	inbox = OutboxShmemAreaInit("outbox inbox", inbox_size(), &made_lock);
+	if (made_lock != NULL)
 	{
-		memset(inbox, 0, inbox_size());
-		inbox->lock = &(GetNamedLWLockTranche("outbox inbox"))->lock;
+		inbox->lock = made_lock;
 		inbox->nslots = outbox_max_subscriptions;
 		for (i = 0; i < inbox->nslots; i++)
 			SpinLockInit(&inbox->slots[i].mutex);
@@ -141,6 +135,28 @@ find_locked(Oid dboid, const char *name)
 /*
  * ---- Committing backends, probes ----
  */
+
+/*
+ * tell_locked
+ *		Under the LWLock, news for the worker of slot s: it is no longer
+ *		gone (revive), its row was written (changed), replays wait (wake).
+ *		Returns its latch, for the caller to set once the locks are
+ *		released.
+ */
+static Latch *
+tell_locked(OutboxInboxSlot *s, bool revive, bool changed, bool wake)
+{
+	Latch	   *latch;
+
+	SpinLockAcquire(&s->mutex);
+	if (revive)
+		s->gone = false;
+	s->changed |= changed;
+	s->wake |= wake;
+	latch = s->latch;
+	SpinLockRelease(&s->mutex);
+	return latch;
+}
 
 /*
  * OutboxInboxHasRoom
@@ -201,14 +217,7 @@ OutboxInboxRequest(Oid dboid, const char *name, bool changed)
 			}
 	}
 	else
-	{
-		SpinLockAcquire(&s->mutex);
-		s->gone = false;
-		if (changed)
-			s->changed = true;
-		latch = s->latch;
-		SpinLockRelease(&s->mutex);
-	}
+		latch = tell_locked(s, true, changed, false);
 	LWLockRelease(inbox->lock);
 	if (latch != NULL)
 		SetLatch(latch);
@@ -232,12 +241,7 @@ OutboxInboxWake(Oid dboid, const char *name)
 	LWLockAcquire(inbox->lock, LW_SHARED);
 	s = find_locked(dboid, name);
 	if (s != NULL)
-	{
-		SpinLockAcquire(&s->mutex);
-		s->wake = true;
-		latch = s->latch;
-		SpinLockRelease(&s->mutex);
-	}
+		latch = tell_locked(s, false, false, true);
 	LWLockRelease(inbox->lock);
 	if (latch != NULL)
 		SetLatch(latch);
@@ -286,12 +290,11 @@ OutboxInboxSlotCount(void)
 
 /*
  * OutboxInboxSlotPeek
- *		Launcher: what slot i wants.  False when it is free; otherwise its
- *		database, name, worker pid, whether it is gone and its hold.
+ *		Launcher: what slot i wants.  False when it is free; otherwise out
+ *		says (OutboxInboxPeek).
  */
 bool
-OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid, bool *gone,
-					TimestampTz *hold_until)
+OutboxInboxSlotPeek(int i, OutboxInboxPeek *out)
 {
 	OutboxInboxSlot *s = &inbox->slots[i];
 	bool		in_use;
@@ -301,11 +304,11 @@ OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid, bool *gone,
 	if (in_use)
 	{
 		SpinLockAcquire(&s->mutex);
-		*dboid = s->v.dboid;
-		strlcpy(name, s->v.name, OUTBOX_SUBSCRIPTION_NAME_MAX);
-		*pid = s->v.pid;
-		*gone = s->gone;
-		*hold_until = s->hold_until;
+		out->dboid = s->v.dboid;
+		strlcpy(out->name, s->v.name, sizeof(out->name));
+		out->pid = s->v.pid;
+		out->gone = s->gone;
+		out->hold_until = s->hold_until;
 		SpinLockRelease(&s->mutex);
 	}
 	LWLockRelease(inbox->lock);
@@ -542,28 +545,16 @@ OutboxInboxMarkGone(OutboxInboxSlot *s)
 	SpinLockRelease(&s->mutex);
 }
 
-static bool
-take(OutboxInboxSlot *s, bool *flag)
-{
-	bool		was;
-
-	SpinLockAcquire(&s->mutex);
-	was = *flag;
-	*flag = false;
-	SpinLockRelease(&s->mutex);
-	return was;
-}
-
 bool
 OutboxInboxTakeChanged(OutboxInboxSlot *s)
 {
-	return take(s, &s->changed);
+	return OutboxShmemTakeFlag(&s->mutex, &s->changed);
 }
 
 bool
 OutboxInboxTakeWake(OutboxInboxSlot *s)
 {
-	return take(s, &s->wake);
+	return OutboxShmemTakeFlag(&s->mutex, &s->wake);
 }
 
 bool

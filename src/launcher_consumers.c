@@ -3,8 +3,8 @@
  * launcher_consumers.c
  *		The launcher's side of the subscription workers: one per
  *		subscription slot in use (inbox_shmem.c), started, restarted, and
- *		kept to their share of the background workers.  launcher.c runs
- *		the relays and calls this in each pass.
+ *		kept to their share of the background workers.  launcher.c calls
+ *		this in each pass, after the relays' turn (launcher_relays.c).
  *
  * Invariants:
  *	- A worker is restarted OUTBOX_RESTART_DELAY_MS after it stops unless
@@ -128,11 +128,7 @@ OutboxConsumersReap(TimestampTz now, TimestampTz *retry_at)
 	for (i = 0; i < n; i++)
 	{
 		ConsumerEntry *c = &consumers[i];
-		Oid			dboid;
-		char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
-		int			pid;
-		bool		gone;
-		TimestampTz hold_until;
+		OutboxInboxPeek seen;
 		bool		in_use;
 		pid_t		wpid;
 
@@ -142,15 +138,15 @@ OutboxConsumersReap(TimestampTz now, TimestampTz *retry_at)
 			c->handle = NULL;
 			c->next_start = TimestampTzPlusMilliseconds(now, OUTBOX_RESTART_DELAY_MS);
 		}
-		in_use = OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until);
-		c->running = c->handle != NULL || (in_use && pid != 0);
-		if (c->handle == NULL && in_use && pid != 0)
+		in_use = OutboxInboxSlotPeek(i, &seen);
+		c->running = c->handle != NULL || (in_use && seen.pid != 0);
+		if (c->handle == NULL && in_use && seen.pid != 0)
 		{
 			/* another launcher's worker counts in its database too */
-			c->dboid = dboid;
-			strlcpy(c->name, name, sizeof(c->name));
+			c->dboid = seen.dboid;
+			strlcpy(c->name, seen.name, sizeof(c->name));
 		}
-		if (i == stopping && c->handle == NULL && (!in_use || pid != stopping_pid))
+		if (i == stopping && c->handle == NULL && (!in_use || seen.pid != stopping_pid))
 		{
 			stopping = -1;
 			made_room = true;
@@ -186,11 +182,8 @@ static void
 stop_one(bool relay_refused, TimestampTz now)
 {
 	Oid			dboid = InvalidOid;
-	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+	OutboxInboxPeek seen;
 	char		dbname[NAMEDATALEN];
-	int			pid;
-	bool		gone;
-	TimestampTz hold_until;
 	int			i;
 
 	if (stopping >= 0 || OutboxInboxSlotCount() == 0)
@@ -202,24 +195,23 @@ stop_one(bool relay_refused, TimestampTz now)
 	if (!relay_refused && !OidIsValid(dboid))
 		return;
 	stopping = OutboxInboxStopNewest(dboid, &stopping_pid);
-	if (stopping < 0 ||
-		!OutboxInboxSlotPeek(stopping, &dboid, name, &pid, &gone, &hold_until))
+	if (stopping < 0 || !OutboxInboxSlotPeek(stopping, &seen))
 		return;
 	stopping_adopted = consumers[stopping].handle == NULL;
 	if (!relay_refused)
 	{
-		OutboxLauncherDatabaseName(dboid, dbname, sizeof(dbname));
+		OutboxLauncherDatabaseName(seen.dboid, dbname, sizeof(dbname));
 		ereport(LOG,
 				(errmsg("outbox stops the worker of subscription \"%s\" of database \"%s\": outbox.max_subscriptions_per_database is %d",
-						name, dbname, outbox_max_subscriptions_per_database)));
+						seen.name, dbname, outbox_max_subscriptions_per_database)));
 	}
 	else if (TimestampDifferenceExceeds(last_room_log, now, 60000))
 	{
-		OutboxLauncherDatabaseName(dboid, dbname, sizeof(dbname));
+		OutboxLauncherDatabaseName(seen.dboid, dbname, sizeof(dbname));
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("outbox stops the worker of subscription \"%s\" of database \"%s\": a relay needs its background worker slot",
-						name, dbname),
+						seen.name, dbname),
 				 errdetail("Relays come first; the subscription's worker starts again when a slot is free."),
 				 errhint("Raise max_worker_processes.")));
 		last_room_log = now;
@@ -272,43 +264,39 @@ OutboxConsumersSupervise(long sleep, bool relays_wait, bool relay_refused)
 	for (i = 0; i < OutboxInboxSlotCount(); i++)
 	{
 		ConsumerEntry *c = &consumers[i];
-		Oid			dboid;
-		char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
-		int			pid;
-		bool		gone;
-		TimestampTz hold_until;
+		OutboxInboxPeek seen;
 		OutboxInboxWait wait;
 
-		if (!OutboxInboxSlotPeek(i, &dboid, name, &pid, &gone, &hold_until))
+		if (!OutboxInboxSlotPeek(i, &seen))
 			continue;
-		if (!OutboxLauncherKnowsDatabase(dboid))
+		if (!OutboxLauncherKnowsDatabase(seen.dboid))
 		{
 			/* its database was dropped (or made a template) */
 			OutboxInboxSlotForget(i);
 			continue;
 		}
-		if (gone)
+		if (seen.gone)
 		{
-			if (pid == 0)
+			if (seen.pid == 0)
 				OutboxInboxSlotFree(i);
 			continue;
 		}
-		if (c->running || pid != 0)
+		if (c->running || seen.pid != 0)
 			continue;
 		/* a new subscription in this slot starts at once */
-		if (c->dboid != dboid || strcmp(c->name, name) != 0)
+		if (c->dboid != seen.dboid || strcmp(c->name, seen.name) != 0)
 			c->next_start = 0;
-		if (hold_until > now)
-			c->next_start = Max(c->next_start, hold_until);
+		if (seen.hold_until > now)
+			c->next_start = Max(c->next_start, seen.hold_until);
 		if (c->next_start <= now)
 		{
-			wait = consumer_wait(relays_wait, dboid, name, now);
+			wait = consumer_wait(relays_wait, seen.dboid, seen.name, now);
 			if (wait != OUTBOX_INBOX_WAIT_NONE)
 			{
-				OutboxInboxSetWait(i, dboid, name, wait);
+				OutboxInboxSetWait(i, seen.dboid, seen.name, wait);
 				continue;
 			}
-			start_consumer(i, dboid, name, now);
+			start_consumer(i, seen.dboid, seen.name, now);
 		}
 		if (c->handle == NULL)
 			sleep = Min(sleep, Max(1, TimestampDifferenceMilliseconds(now, c->next_start)));

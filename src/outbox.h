@@ -465,6 +465,13 @@ typedef struct OutboxBatch
 	bool		fresh;
 } OutboxBatch;
 
+/*
+ * A plan saved for the life of the process, inside SPI; emit.c, sequence.c
+ * and consumer.c save theirs with it too.  (struct _SPI_plan * is
+ * executor/spi.h's SPIPlanPtr.)
+ */
+extern struct _SPI_plan *OutboxStorePrepare(const char *sql, int nargs,
+											Oid *types, const char *what);
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern void OutboxStoreLoadOrigin(bool force);
@@ -475,11 +482,20 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								bool *cut);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
-extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n);
+
+/*
+ * How a dead letter's last_error words its event's last delivery error:
+ * the caller's (OutboxDeliveryErrorText), as the SQL files know no Kafka.
+ */
+typedef const char *(*OutboxErrorWording) (int err, bool local);
+
+extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n,
+										 OutboxErrorWording wording);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
-extern void OutboxStoreFinishReplays(OutboxEvent *events, int n);
+extern void OutboxStoreFinishReplays(OutboxEvent *events, int n,
+									 OutboxErrorWording wording);
 extern int64 OutboxStoreCleanup(int max_events, TimestampTz *oldest);
 extern int64 OutboxStoreInboxCleanup(int max_rows);
 
@@ -519,17 +535,27 @@ typedef struct OutboxBlocked
 	"the extension's SQL objects in this database are older than its library: run ALTER EXTENSION outbox UPDATE"
 #define OUTBOX_INBOX_PARTS_MAX			64	/* partitions a slot shows */
 
+/*
+ * A subscription's states in order, each with the one spelling status()
+ * shows of it (OutboxInboxStateName), so that none lacks a name.
+ * RETRYING: a handler failed, its partition waits.  PARTITION_STOPPED: a
+ * partition's log does not hold its next offset (consumer_range.c).
+ */
+#define OUTBOX_INBOX_STATES(state) \
+	state(OUTBOX_INBOX_STARTING, "starting") \
+	state(OUTBOX_INBOX_RUNNING, "running") \
+	state(OUTBOX_INBOX_RETRYING, "retrying") \
+	state(OUTBOX_INBOX_PARTITION_STOPPED, "partition stopped") \
+	state(OUTBOX_INBOX_NOT_CONFIGURED, "not configured") \
+	state(OUTBOX_INBOX_STOPPED, "stopped")
+
+#define OUTBOX_INBOX_STATE_VALUE(value, name) value,
+
 typedef enum OutboxInboxState
 {
-	OUTBOX_INBOX_STARTING = 0,
-	OUTBOX_INBOX_RUNNING,
-	OUTBOX_INBOX_RETRYING,		/* a handler failed: its partition waits */
-	OUTBOX_INBOX_PARTITION_STOPPED, /* a partition's log does not hold its
-									 * next offset: see consumer_range.c */
-	OUTBOX_INBOX_NOT_CONFIGURED,
-	OUTBOX_INBOX_STOPPED
+	OUTBOX_INBOX_STATES(OUTBOX_INBOX_STATE_VALUE)
+	OUTBOX_INBOX_NSTATES
 } OutboxInboxState;
-#define OUTBOX_INBOX_NSTATES (OUTBOX_INBOX_STOPPED + 1)
 
 /* why the launcher left a subscription without a worker (none: it did not) */
 typedef enum OutboxInboxWait
@@ -582,6 +608,16 @@ typedef struct OutboxInboxTally
 
 typedef struct OutboxInboxSlot OutboxInboxSlot;
 
+/* what the launcher reads of a subscription slot in use */
+typedef struct OutboxInboxPeek
+{
+	Oid			dboid;
+	char		name[OUTBOX_SUBSCRIPTION_NAME_MAX];
+	int			pid;			/* its worker's, 0: none */
+	bool		gone;			/* the worker found no subscription row */
+	TimestampTz hold_until;		/* no worker before */
+} OutboxInboxPeek;
+
 extern int	outbox_max_subscriptions;
 extern int	outbox_max_subscriptions_per_database;
 extern const char *OutboxInboxStateName(OutboxInboxState state);
@@ -592,8 +628,7 @@ extern bool OutboxInboxRequest(Oid dboid, const char *name, bool changed);
 extern void OutboxInboxWake(Oid dboid, const char *name);
 extern void OutboxInboxHoldDatabase(Oid dboid, TimestampTz until);
 extern int	OutboxInboxSlotCount(void);
-extern bool OutboxInboxSlotPeek(int i, Oid *dboid, char *name, int *pid,
-								bool *gone, TimestampTz *hold_until);
+extern bool OutboxInboxSlotPeek(int i, OutboxInboxPeek *out);
 extern void OutboxInboxSlotFree(int i);
 extern void OutboxInboxSlotForget(int i);
 extern void OutboxInboxSetWait(int i, Oid dboid, const char *name,
@@ -713,16 +748,25 @@ extern void OutboxSubscriptionsAnnounce(void);
 /* consumer.c */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
-/* launcher.c, launcher_consumers.c: the launcher */
+/* launcher.c: the launcher, over launcher_relays.c and launcher_consumers.c */
 #define OUTBOX_RESTART_DELAY_MS		1000	/* before a stopped worker starts again */
 #define OUTBOX_NO_WORKER_RETRY_MS	5000	/* after no background worker slot was free */
+#define OUTBOX_RESCAN_INTERVAL_MS	10000	/* pg_database is read again after */
 
 extern void OutboxLauncherRegisterStatic(void);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
-extern bool OutboxLauncherKnowsDatabase(Oid dboid);
-extern void OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len);
+
+/* launcher_consumers.c: the launcher's subscription workers */
 extern bool OutboxConsumersReap(TimestampTz now, TimestampTz *retry_at);
 extern long OutboxConsumersSupervise(long sleep, bool relays_wait, bool relay_refused);
+
+/* launcher_relays.c: the launcher's relays and probes, by database */
+extern bool OutboxLauncherKnowsDatabase(Oid dboid);
+extern void OutboxLauncherDatabaseName(Oid dboid, char *buf, size_t len);
+extern void OutboxRelaysRescan(void);
+extern void OutboxRelaysRequested(Oid dboid);
+extern long OutboxRelaysSupervise(bool *relays_wait, bool *refused);
+extern void OutboxRelaysRetry(TimestampTz when);
 
 /* utility.c: runs in user backends */
 extern void OutboxUtilityHookInstall(void);

@@ -3,14 +3,15 @@
  * relay.c
  *		The relay: one background worker per database, publishing committed
  *		events to Kafka in snapshot batches.  This file holds its loop, the
- *		loop's steps, its one wait, and its producer.
+ *		loop's steps and its one wait; it stands on the relay's other files
+ *		(relay_state.h lists them), none of which calls back into it.
  *
  * Invariants:
- *	- The relay's state is one Relay (relay.h); the loop steps it from one
- *	  explicit step to the next: a page goes read -> send -> await ->
- *	  record, or backs off between rounds; no work is idle, no settings
- *	  paused.  relay_round.c sends and settles rounds, relay_page.c reads
- *	  and records pages.
+ *	- The relay's state is one Relay (relay_state.h); the loop steps it
+ *	  from one explicit step to the next: a page goes read -> send ->
+ *	  await -> record, or backs off between rounds; no work is idle, no
+ *	  settings paused.  relay_round.c sends and settles rounds,
+ *	  relay_page.c reads and records pages.
  *	- No transaction or snapshot is held while waiting on the network: a
  *	  page is read in one short transaction, published with none open, and
  *	  its progress saved in another short transaction.
@@ -25,23 +26,22 @@
  *	  travel: the database and the network work at the same time.  So at
  *	  most two pages are in memory, each bounded by outbox.batch_size
  *	  events and outbox.batch_max_bytes bytes.
- *	- The relay waits in one place, OutboxRelayWait, on one WaitEventSet
+ *	- The relay waits in one place, relay_wait, on one WaitEventSet
  *	  kept for its life: its latch (set at commit by emitting backends, and
  *	  by signals), postmaster death, and the relay's event pipe, which every
- *	  producer it builds writes to.  OutboxRelayWait also empties the pipe
+ *	  producer it builds writes to.  relay_wait also empties the pipe
  *	  and serves the producer when its descriptor wakes it, and is where a
  *	  reload (SIGHUP) is processed.  The safety poll outbox.poll_interval
  *	  only catches what woke nobody.
  *	- The producer is built, and rebuilt after a reload changed its
- *	  settings or a fatal error, in one place (ensure_producer); it is
- *	  closed after outbox.kafka_idle_timeout with nothing to publish
- *	  (close_idle_producer), which also hands back the memory the drains
- *	  left mapped (release_idle_memory), and built again for the next page
- *	  to send.
+ *	  settings or a fatal error, in one place (OutboxRelayEnsureProducer,
+ *	  relay_producer.c); it is closed after outbox.kafka_idle_timeout with
+ *	  nothing to publish, which also hands back the memory the drains left
+ *	  mapped, and built again for the next page to send.
  *	- Shutdown: once it is asked, the loop takes no new page in hand; the
  *	  page in hand is finished only as far as its delivery reports arrive
  *	  within outbox.shutdown_timeout (none while the database is being
- *	  dropped), which OutboxRelayWait enforces; a round being handed to
+ *	  dropped), which relay_wait enforces; a round being handed to
  *	  librdkafka stops between two messages, the only blocking librdkafka
  *	  call being bounded (kafka.c).  So a stopping relay is gone within about
  *	  outbox.shutdown_timeout plus librdkafka's own teardown after a purge
@@ -72,7 +72,6 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
@@ -82,7 +81,7 @@
 #include "common/pg_prng.h"
 
 #include "compat.h"
-#include "relay.h"
+#include "relay_state.h"
 
 #define RELAY_PAGE_MEMORY		(4 * 1024 * 1024)
 #define RELAY_PAGE_SIZES	RELAY_PAGE_MEMORY, RELAY_PAGE_MEMORY, ALLOCSET_DEFAULT_MAXSIZE
@@ -98,9 +97,17 @@
 #define WAIT_IDLE(r)	OutboxWaitEvent(&(r)->wait_idle, "OutboxRelayIdle")
 #define WAIT_ACKS(r)	OutboxWaitEvent(&(r)->wait_acks, "OutboxRelayAcks")
 #define WAIT_BACKOFF(r) OutboxWaitEvent(&(r)->wait_backoff, "OutboxRelayBackoff")
+#define WAIT_STANDBY(r) OutboxWaitEvent(&(r)->wait_standby, "OutboxRelayStandby")
+
+/* what woke relay_wait */
+#define RELAY_WAKE_TIMEOUT	0x01
+#define RELAY_WAKE_LATCH	0x02
+#define RELAY_WAKE_PRODUCER 0x04
+#define RELAY_WAKE_STOP		0x08	/* the relay must stop now */
 
 static Relay relay;
 
+/* before_shmem_exit: the producer goes, and the slot is left (shmem.c) */
 static void
 relay_detach(int code, Datum arg)
 {
@@ -116,178 +123,7 @@ relay_detach(int code, Datum arg)
 }
 
 /*
- * OutboxRelaySetState
- *		Publish the relay's state; a change of the state name operators see
- *		(running, paused, backing off, not configured) gets one LOG line.
- */
-void
-OutboxRelaySetState(Relay *r, OutboxRelayState state)
-{
-	const char *name = OutboxRelayStateName(state);
-
-	OutboxSlotSetState(r->slot, state);
-	if (r->logged_state != NULL && strcmp(r->logged_state, name) != 0 &&
-		state != OUTBOX_RELAY_STOPPED)
-		ereport(LOG,
-				(errmsg("outbox relay for database \"%s\" is now %s (was %s)",
-						r->dbname, name, r->logged_state)));
-	r->logged_state = name;
-}
-
-/* status(): the producer's errors and the brokers it reaches */
-static void
-report_producer(Relay *r)
-{
-	OutboxRoundReport report;
-
-	OutboxRelayReportInit(&report);
-	OutboxRelayTakeProducerErrors(r, &report);
-	report.brokers_up = OutboxProducerBrokersUp(r->producer);
-	OutboxSlotReportRound(r->slot, &report);
-}
-
-/*
- * set_producer
- *		Replace the relay's producer (NULL: none).  The wait set stays: every
- *		producer writes to the relay's one event pipe.
- */
-static void
-set_producer(Relay *r, OutboxProducer *producer)
-{
-	if (r->producer != NULL)
-	{
-		OutboxProducerDestroy(r->producer);
-		OutboxRelayForgetProbes(r);
-	}
-	r->producer = producer;
-}
-
-/*
- * ensure_producer
- *		Have a producer for the current settings, rebuilding it after a
- *		reload changed them or a fatal error.  False when none can be built
- *		now (the caller backs off).
- */
-static bool
-ensure_producer(Relay *r)
-{
-	char	   *message = NULL;
-	char		fatal[256];
-	OutboxProducer *producer;
-
-	if (r->producer != NULL)
-	{
-		if (r->fatal_reason != NULL)
-			OutboxRelayReportError(r, "Kafka producer failed fatally, rebuilding it",
-								   r->fatal_reason);
-		else if (OutboxProducerIsFatal(r->producer, fatal, sizeof(fatal)))
-			OutboxRelayReportError(r, "Kafka producer failed fatally, rebuilding it",
-								   fatal);
-		else if (OutboxProducerOutdated(r->producer))
-			ereport(LOG,
-					(errmsg("outbox relay: Kafka settings changed, rebuilding the producer")));
-		else
-			return true;
-		set_producer(r, NULL);
-	}
-	r->fatal_reason = NULL;
-
-	/* what building leaves behind is in the loop's context */
-	producer = OutboxProducerCreate(r->event_pipe[1], &message);
-	if (producer == NULL)
-	{
-		OutboxRelayReportError(r, "could not create the Kafka producer", message);
-		return false;
-	}
-	if (r->producer_closed)
-		ereport(DEBUG1,
-				(errmsg("outbox relay: events to publish, opening the Kafka producer again")));
-	set_producer(r, producer);
-	r->producer_closed = false;
-	return true;
-}
-
-/*
- * release_idle_memory
- *		Idle past outbox.kafka_idle_timeout, hand back what the drains left
- *		in the relay: the freed memory malloc keeps for the next page
- *		(RELAY_MALLOC_KEEP), and the relay's mapping of the shared buffers it
- *		read.  An idle relay's cost is its wake-ups, and on a virtual machine
- *		a wake-up costs more the more memory the process maps: after the
- *		benchmark's emit section, with 367 MB of shared buffers mapped,
- *		1.7 to 2.0 ms a wake-up; 0.3 ms once they were unmapped, about as
- *		for a fresh relay (README, Benchmarks).  The buffers stay where
- *		they are; the next page read maps what it touches again, a minor
- *		fault a page.
- */
-static void
-release_idle_memory(Relay *r)
-{
-	int			err;
-
-	OutboxMallocRelease();
-	if (r->unmap_refused)
-		return;
-	err = OutboxUnmapRange(BufferBlocks, (Size) NBuffers * BLCKSZ);
-	if (err != 0)
-	{
-		/* refused once, refused always: say it once, then stop asking */
-		r->unmap_refused = true;
-		if (err != ENOSYS)
-			ereport(LOG,
-					(errmsg("outbox relay: its mapping of shared buffers is kept while idle: %s",
-							strerror(err)),
-					 errdetail("madvise(MADV_DONTNEED) was refused; only the idle cost of each wake-up is affected.")));
-	}
-}
-
-/*
- * close_idle_producer
- *		After outbox.kafka_idle_timeout with nothing to publish, close the
- *		producer: even idle, an open one costs the wake-ups of librdkafka's
- *		threads, about one a second each (one per broker, one per bootstrap
- *		address, its main thread).  Not while partitions are held: their
- *		probes need it.  The next page to send opens it again (step_send).
- */
-static void
-close_idle_producer(Relay *r)
-{
-	OutboxRoundReport report;
-
-	if (r->producer == NULL || outbox_kafka_idle_timeout <= 0 || r->holds != NIL ||
-		!TimestampDifferenceExceeds(r->idle_since, GetCurrentTimestamp(),
-									outbox_kafka_idle_timeout))
-		return;
-	ereport(DEBUG1,
-			(errmsg("outbox relay: nothing to publish for %d ms, closing the Kafka producer",
-					outbox_kafka_idle_timeout)));
-	set_producer(r, NULL);
-	r->producer_closed = true;
-	release_idle_memory(r);
-	/* status(): no producer, so no broker count */
-	OutboxRelayReportInit(&report);
-	report.brokers_up = -1;
-	OutboxSlotReportRound(r->slot, &report);
-}
-
-/*
- * serve_producer
- *		Serve the producer's callbacks, then what they told the holds'
- *		probes: the one place delivery reports arrive.  Returns how many
- *		page messages still await their report.
- */
-static int
-serve_producer(Relay *r)
-{
-	int			pending = OutboxProducerServe(r->producer);
-
-	if (r->holds != NIL)
-		OutboxRelayServeProbes(r);
-	return pending;
-}
-
-/*
- * OutboxRelayWait
+ * relay_wait
  *		The relay's one wait: until timeout_ms pass, the latch is set, or the
  *		producer has something to serve (it is served here).  A reload is
  *		processed here.  Returns RELAY_WAKE_* bits.
@@ -297,8 +133,8 @@ serve_producer(Relay *r)
  *		(at once while the database is being dropped), and the waits go on,
  *		short, while the withdrawn round's reports are served.
  */
-int
-OutboxRelayWait(Relay *r, long timeout_ms, uint32 wait_event)
+static int
+relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
 {
 	WaitEvent	events[3];
 	int			n;
@@ -361,8 +197,8 @@ OutboxRelayWait(Relay *r, long timeout_ms, uint32 wait_event)
 	 */
 	if ((wake & RELAY_WAKE_PRODUCER) && r->producer != NULL)
 	{
-		(void) serve_producer(r);
-		report_producer(r);
+		(void) OutboxRelayServeProducer(r);
+		OutboxRelayReportProducer(r);
 	}
 	return wake;
 }
@@ -376,7 +212,7 @@ wait_until(Relay *r, uint32 wait_event)
 
 	if (left <= 0)
 		return RELAY_WAKE_TIMEOUT;
-	return OutboxRelayWait(r, left, wait_event);
+	return relay_wait(r, left, wait_event);
 }
 
 /*
@@ -417,9 +253,9 @@ enter_idle(Relay *r)
 		OutboxRelayAdoptRestored(r);
 	OutboxRelaySetState(r, OUTBOX_RELAY_IDLE);
 	if (r->producer != NULL)
-		report_producer(r);
+		OutboxRelayReportProducer(r);
 	OutboxRelayCleanup(r);
-	close_idle_producer(r);
+	OutboxRelayCloseIdleProducer(r);
 	r->wait_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												outbox_poll_interval);
 	/* wake to close it on time, whatever the safety poll */
@@ -440,7 +276,7 @@ enter_paused(Relay *r)
 {
 	OutboxRelaySetState(r, outbox_enabled ? OUTBOX_RELAY_NOT_CONFIGURED : OUTBOX_RELAY_PAUSED);
 	if (r->producer != NULL && outbox_kafka_brokers[0] == '\0')
-		set_producer(r, NULL);
+		OutboxRelaySetProducer(r, NULL);
 	r->wait_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												outbox_poll_interval);
 	return RELAY_STEP_PAUSED;
@@ -450,7 +286,7 @@ enter_paused(Relay *r)
  * step_wait
  *		BACK_OFF, IDLE and PAUSED: wait until r->wait_until; a commit (the
  *		latch) cuts short an idle or paused wait, not a backoff.  The
- *		producer's events are served meanwhile (OutboxRelayWait).
+ *		producer's events are served meanwhile (relay_wait).
  */
 static RelayStep
 step_wait(Relay *r)
@@ -515,7 +351,7 @@ step_read(Relay *r)
 	 * Closed for idleness, it is opened when there is something to send,
 	 * or at once when outbox.kafka_idle_timeout became 0 (keep it open).
 	 */
-	if ((!r->producer_closed || outbox_kafka_idle_timeout <= 0) && !ensure_producer(r))
+	if ((!r->producer_closed || outbox_kafka_idle_timeout <= 0) && !OutboxRelayEnsureProducer(r))
 		return enter_back_off(r, RELAY_STEP_READ);
 	if (OutboxSlotTakeReplayPending(r->slot))
 	{
@@ -545,7 +381,7 @@ step_read(Relay *r)
 	/* held partitions: probes out, and drains taking turns with the batch */
 	if (r->holds != NIL)
 	{
-		if (!ensure_producer(r))
+		if (!OutboxRelayEnsureProducer(r))
 			return enter_back_off(r, RELAY_STEP_READ);
 		OutboxRelaySendProbes(r);
 	}
@@ -591,7 +427,7 @@ step_send(Relay *r)
 	char		activity[64];
 
 	r->idle_since = 0;
-	if (!ensure_producer(r))
+	if (!OutboxRelayEnsureProducer(r))
 		return enter_back_off(r, RELAY_STEP_SEND);
 	if (first && !OutboxRelayStandbysHave(r, pg))
 		return RELAY_STEP_STANDBY;
@@ -648,7 +484,7 @@ step_await(Relay *r)
 		r->backoff_ms = 0;
 		return RELAY_STEP_RECORD;
 	}
-	pending = serve_producer(r);
+	pending = OutboxRelayServeProducer(r);
 	if (pending == 0)
 	{
 		if (r->round_abandoned)
@@ -664,7 +500,7 @@ step_await(Relay *r)
 	if (OutboxRelayHoldStalled(r, pg))
 		return RELAY_STEP_AWAIT;
 	OutboxRelayWatchRound(r, pending);
-	wake = OutboxRelayWait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
+	wake = relay_wait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
 						   RELAY_ACK_POLL_MS, WAIT_ACKS(r));
 	if ((wake & RELAY_WAKE_STOP) && !r->round_abandoned)
 	{
@@ -675,10 +511,10 @@ step_await(Relay *r)
 	/*
 	 * librdkafka retries an outage by itself, and no delivery report
 	 * arrives until the round is withdrawn: report its errors and the
-	 * brokers it reaches while that lasts (OutboxRelayWait did if it served).
+	 * brokers it reaches while that lasts (relay_wait did if it served).
 	 */
 	if (!(wake & RELAY_WAKE_PRODUCER))
-		report_producer(r);
+		OutboxRelayReportProducer(r);
 
 	/*
 	 * New Kafka settings: what is in flight gets a short grace to be
@@ -693,6 +529,21 @@ step_await(Relay *r)
 	return RELAY_STEP_AWAIT;
 }
 
+/*
+ * step_standby
+ *		STANDBY: wait a little (as long as relay_standby.c says), then look
+ *		again (SEND).  A reload, a commit or a signal cuts the wait short;
+ *		shutdown ends it (the page is read again at the next start).
+ */
+static RelayStep
+step_standby(Relay *r)
+{
+	if (relay_wait(r, OutboxRelayStandbyPollMs(r), WAIT_STANDBY(r)) & RELAY_WAKE_STOP)
+		return RELAY_STEP_STOP;
+	return RELAY_STEP_SEND;
+}
+
+/* RECORD: write the settled page's progress */
 static RelayStep
 step_record(Relay *r)
 {
@@ -704,6 +555,7 @@ step_record(Relay *r)
 	return RELAY_STEP_READ;
 }
 
+/* one step of the loop: the step it leads to */
 static RelayStep
 relay_step(Relay *r)
 {
@@ -718,7 +570,7 @@ relay_step(Relay *r)
 		case RELAY_STEP_RECORD:
 			return step_record(r);
 		case RELAY_STEP_STANDBY:
-			return OutboxRelayStepStandby(r);
+			return step_standby(r);
 		case RELAY_STEP_BACK_OFF:
 		case RELAY_STEP_IDLE:
 		case RELAY_STEP_PAUSED:

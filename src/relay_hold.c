@@ -57,13 +57,21 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "relay.h"
+#include "relay_state.h"
 
 #define HOLD_PROBE_RETRY_MS	1000	/* after a probe librdkafka refused */
 #define HOLD_TABLE_CHECK_MS	10000	/* looking for outbox.held after an update */
 
+#define HOLD_ANY_PARTITION	(-1)	/* find_hold: a hold of the topic's */
+
+/*
+ * find_hold
+ *		The first hold of topic on partition (HOLD_ANY_PARTITION: on any of
+ *		its partitions), or NULL; counted: only a hold that knows the
+ *		partition count its partition was computed among.
+ */
 static RelayHold *
-find_hold(const Relay *r, const char *topic, int32 partition)
+find_hold(const Relay *r, const char *topic, int32 partition, bool counted)
 {
 	ListCell   *lc;
 
@@ -71,21 +79,11 @@ find_hold(const Relay *r, const char *topic, int32 partition)
 	{
 		RelayHold  *h = (RelayHold *) lfirst(lc);
 
-		if (h->partition == partition && strcmp(h->topic, topic) == 0)
+		if ((partition == HOLD_ANY_PARTITION || h->partition == partition) &&
+			(!counted || h->partitions > 0) && strcmp(h->topic, topic) == 0)
 			return h;
 	}
 	return NULL;
-}
-
-static bool
-topic_has_hold(const Relay *r, const char *topic)
-{
-	ListCell   *lc;
-
-	foreach(lc, r->holds)
-		if (strcmp(((RelayHold *) lfirst(lc))->topic, topic) == 0)
-			return true;
-	return false;
 }
 
 /*
@@ -97,16 +95,9 @@ topic_has_hold(const Relay *r, const char *topic)
 static int32
 kept_partitions(const Relay *r, const char *topic)
 {
-	ListCell   *lc;
+	RelayHold  *h = find_hold(r, topic, HOLD_ANY_PARTITION, true);
 
-	foreach(lc, r->holds)
-	{
-		RelayHold  *h = (RelayHold *) lfirst(lc);
-
-		if (h->partitions > 0 && strcmp(h->topic, topic) == 0)
-			return h->partitions;
-	}
-	return 0;
+	return h != NULL ? h->partitions : 0;
 }
 
 static RelayHold *
@@ -163,7 +154,7 @@ OutboxRelayLoadHolds(Relay *r)
 	n = OutboxStoreLoadHolds(&rows, r->held_counted, CurrentMemoryContext);
 	for (i = 0; i < n; i++)
 	{
-		if (find_hold(r, rows[i].topic, rows[i].partition) != NULL)
+		if (find_hold(r, rows[i].topic, rows[i].partition, false) != NULL)
 			continue;
 		(void) add_hold(r, rows[i].topic, rows[i].partition, rows[i].partitions,
 						rows[i].events, rows[i].since);
@@ -245,8 +236,9 @@ OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev)
 	if (pg->drain != NULL || pg->replay || r->holds == NIL)
 		return RELAY_EVENT_SEND;
 	if (ev->partition < 0)
-		return topic_has_hold(r, ev->topic) ? RELAY_EVENT_WAIT : RELAY_EVENT_SEND;
-	if (find_hold(r, ev->topic, ev->partition) == NULL)
+		return find_hold(r, ev->topic, HOLD_ANY_PARTITION, false) != NULL ?
+			RELAY_EVENT_WAIT : RELAY_EVENT_SEND;
+	if (find_hold(r, ev->topic, ev->partition, false) == NULL)
 		return RELAY_EVENT_SEND;
 	ev->disposition = OUTBOX_EVENT_HELD;
 	return RELAY_EVENT_HOLD;
@@ -256,7 +248,7 @@ OutboxRelayHoldOrSend(Relay *r, RelayPage *pg, OutboxEvent *ev)
 static void
 hold_partition(Relay *r, const OutboxEvent *ev, TimestampTz now)
 {
-	RelayHold  *h = find_hold(r, ev->topic, ev->partition);
+	RelayHold  *h = find_hold(r, ev->topic, ev->partition, false);
 
 	if (h != NULL)
 	{
@@ -336,7 +328,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 		if (ev->disposition != OUTBOX_EVENT_PENDING || ev->delivery_err == 0)
 			continue;
 		OutboxRelayPartition(r, ev);
-		if (ev->partition >= 0 && find_hold(r, ev->topic, ev->partition) != NULL)
+		if (ev->partition >= 0 && find_hold(r, ev->topic, ev->partition, false) != NULL)
 			ev->disposition = OUTBOX_EVENT_HELD;
 	}
 	return true;
@@ -549,7 +541,7 @@ OutboxRelayRecordDrain(Relay *r, RelayPage *pg)
 	int64		gone;
 
 	OutboxRelayBeginTxn("recording delivered held events");
-	if (OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+	if (OutboxStoreRecordDeadLetters(pg->events, pg->n, OutboxDeliveryErrorText) > 0)
 		r->replays_due = true;
 	gone = OutboxStoreReleaseHeld(pg->events, pg->n);
 	OutboxRelayEndTxn(r);
@@ -569,7 +561,8 @@ OutboxRelayCountHeld(Relay *r, const RelayPage *pg)
 	for (i = 0; i < pg->n; i++)
 		if (pg->events[i].disposition == OUTBOX_EVENT_HELD)
 		{
-			RelayHold  *h = find_hold(r, pg->events[i].topic, pg->events[i].partition);
+			RelayHold  *h = find_hold(r, pg->events[i].topic, pg->events[i].partition,
+									  false);
 
 			if (h != NULL)
 				h->events++;

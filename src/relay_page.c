@@ -2,12 +2,14 @@
  *
  * relay_page.c
  *		The relay's database side: read pages and replays, record settled
- *		pages, adopt restored events, delete what is past retention.
+ *		pages, read the blocked aggregates, adopt restored events, delete
+ *		what is past retention.
  *
  * Invariants:
  *	- Each of these runs in one short transaction of its own, through
- *	  store.c, and none is open while the relay waits on the network.
- *	  After each the relay is back in its loop memory context.
+ *	  store.c, and none is open while the relay waits on the network
+ *	  (the brackets are relay_state.c's).  After each the relay is back in
+ *	  its loop memory context.
  *	- The reader moves on at once (the batch in Relay); the progress row
  *	  moves only when a page is settled, once per page
  *	  (OutboxRelayRecordPage).
@@ -24,17 +26,13 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "commands/dbcommands.h"
 #include "lib/stringinfo.h"
-#include "pgstat.h"
 #include "storage/ipc.h"
-#include "tcop/tcopprot.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "relay.h"
+#include "relay_state.h"
 
 #define RELAY_CLEANUP_INTERVAL_MS 60000
 /* the longest the cleanup leaves the events out while none can be due */
@@ -42,35 +40,6 @@
 #define RELAY_CLEANUP_BATCH		10000
 #define RELAY_RESTORE_WAIT_MS	60000	/* restored events wait for their
 										 * progress row at most */
-
-/*
- * OutboxRelayBeginTxn
- *		Open a short transaction with a snapshot; activity is what
- *		pg_stat_activity shows meanwhile.
- */
-void
-OutboxRelayBeginTxn(const char *activity)
-{
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, activity);
-}
-
-/*
- * OutboxRelayEndTxn
- *		Commit it, and return to the loop's memory context: committing
- *		leaves TopMemoryContext current.
- */
-void
-OutboxRelayEndTxn(Relay *r)
-{
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(r->loop_cxt);
-	pgstat_report_stat(false);
-	pgstat_report_activity(STATE_IDLE, NULL);
-}
 
 /* The extension is gone: nothing left to publish in this database. */
 static void
@@ -109,6 +78,19 @@ OutboxRelayLoadProgress(Relay *r, Oid dboid)
 	OutboxStoreLoadOrigin(true);
 	OutboxRelayLoadHolds(r);
 	OutboxRelayEndTxn(r);
+}
+
+/*
+ * OutboxRelayReloadBlocked
+ *		Read the list of blocked aggregates again (outbox.poison_policy =
+ *		'block').  The caller is in a transaction.
+ */
+void
+OutboxRelayReloadBlocked(Relay *r)
+{
+	MemoryContextReset(r->blocked_cxt);
+	r->blocked = OutboxStoreLoadBlocked(r->blocked_cxt);
+	r->blocked_stale = false;
 }
 
 /* status(): the backlog as the relay knows it now */
@@ -299,7 +281,7 @@ record_replays(Relay *r, RelayPage *pg, int delivered)
 
 	/* parked events it releases are read in the next round */
 	OutboxRelayBeginTxn("recording replays");
-	OutboxStoreFinishReplays(pg->events, pg->n);
+	OutboxStoreFinishReplays(pg->events, pg->n, OutboxDeliveryErrorText);
 	OutboxRelayEndTxn(r);
 	/* read the settled dead letters in a transaction that sees them */
 	r->blocked_stale = true;
@@ -346,7 +328,8 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 
 	/* the invariant of relay_hold.c: held rows commit with the progress */
 	OutboxRelayBeginTxn("recording progress");
-	if (has_dead && OutboxStoreRecordDeadLetters(pg->events, pg->n) > 0)
+	if (has_dead &&
+		OutboxStoreRecordDeadLetters(pg->events, pg->n, OutboxDeliveryErrorText) > 0)
 		r->replays_due = true;
 	(void) OutboxStoreHoldEvents(pg->events, pg->n, r->held_counted);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);

@@ -2,7 +2,7 @@
  *
  * relay_round.c
  *		Rounds of a page: hand its pending events to librdkafka, then settle
- *		what their delivery reports say; quarantine and park; report errors.
+ *		what their delivery reports say; quarantine and park.
  *
  * Invariants:
  *	- A round hands librdkafka the page's pending events in id order,
@@ -36,69 +36,9 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "relay.h"
+#include "relay_state.h"
 
 #define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
-#define RELAY_LOG_INTERVAL_MS	10000
-
-/*
- * OutboxRelayNoteError
- *		Show a condition in status() without a log line: the failures it
- *		leads to are logged by OutboxRelayReportError.
- */
-void
-OutboxRelayNoteError(Relay *r, const char *what, const char *detail)
-{
-	char		line[256];
-
-	snprintf(line, sizeof(line), "%s: %s", what, detail);
-	OutboxSlotCountError(r->slot, line);
-}
-
-/*
- * OutboxRelayReportError
- *		Count an external failure and log it at most every
- *		RELAY_LOG_INTERVAL_MS, with how many happened since the last line.
- */
-void
-OutboxRelayReportError(Relay *r, const char *what, const char *detail)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	OutboxRelayNoteError(r, what, detail);
-	r->errors_since_log++;
-	if (TimestampDifferenceExceeds(r->last_error_log, now, RELAY_LOG_INTERVAL_MS))
-	{
-		ereport(LOG,
-				(errmsg("outbox relay: %s", what),
-				 errdetail("%s (%d failures since the last report)", detail,
-						   r->errors_since_log)));
-		r->errors_since_log = 0;
-		r->last_error_log = now;
-	}
-}
-
-/*
- * OutboxRelayTakeProducerErrors
- *		Report what the producer's error callbacks recorded; its refused
- *		logins and TLS handshakes join report's fatal failures (librdkafka
- *		retries them itself).
- */
-void
-OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report)
-{
-	char		buf[256];
-	int			count;
-	int			fatal;
-
-	if (r->producer != NULL &&
-		OutboxProducerTakeError(r->producer, buf, sizeof(buf), &count, &fatal))
-	{
-		OutboxRelayReportError(r, "Kafka client error", buf);
-		report->failures[OUTBOX_ERROR_FATAL] += fatal;
-	}
-}
-
 
 static OutboxBlocked *
 find_blocked(Relay *r, const OutboxEvent *ev)
@@ -114,18 +54,6 @@ find_blocked(Relay *r, const OutboxEvent *ev)
 			return b;
 	}
 	return NULL;
-}
-
-/*
- * OutboxRelayReloadBlocked
- *		Read the blocked list again.  The caller is in a transaction.
- */
-void
-OutboxRelayReloadBlocked(Relay *r)
-{
-	MemoryContextReset(r->blocked_cxt);
-	r->blocked = OutboxStoreLoadBlocked(r->blocked_cxt);
-	r->blocked_stale = false;
 }
 
 static void

@@ -30,10 +30,11 @@
  *	- Slots are read from shared memory as pg_get_replication_slots reads
  *	  them (ReplicationSlotControlLock shared, each slot's spinlock): no
  *	  SQL, no transaction per page.
- *	- The wait is OutboxRelayWait's, with a short timeout while the
- *	  standbys keep up and a longer one while a slot cannot catch up as it
- *	  is; the relay's latch (commits, SIGHUP) cuts it short.  A relay with
- *	  no page waiting does not look at the slots at all.
+ *	- The wait is the relay's one wait (relay.c), with a short timeout
+ *	  while the standbys keep up and a longer one while a slot cannot
+ *	  catch up as it is (OutboxRelayStandbyPollMs); the relay's latch
+ *	  (commits, SIGHUP) cuts it short.  A relay with no page waiting does
+ *	  not look at the slots at all.
  *	- A wait past RELAY_STANDBY_REPORT_MS, or one a slot blocks, is shown:
  *	  state "waiting for standby", the reason in status()'s last_error and
  *	  in health(), and one LOG line each time the reason changes.
@@ -56,7 +57,7 @@
 #include "utils/varlena.h"
 
 #include "compat.h"
-#include "relay.h"
+#include "relay_state.h"
 
 /* waits while the standbys keep up, after a while, and while blocked */
 #define RELAY_STANDBY_POLL_MS		1
@@ -64,8 +65,6 @@
 #define RELAY_STANDBY_BLOCKED_POLL_MS 100
 /* a page waiting this long for a standby that streams is shown */
 #define RELAY_STANDBY_REPORT_MS		1000
-
-#define WAIT_STANDBY(r) OutboxWaitEvent(&(r)->wait_standby, "OutboxRelayStandby")
 
 /* what the named slots say about a page's position */
 typedef enum StandbyVerdict
@@ -349,22 +348,18 @@ OutboxRelayStandbysHave(Relay *r, RelayPage *pg)
 }
 
 /*
- * OutboxRelayStepStandby
- *		STANDBY: wait a little, then look again (SEND).  A reload, a commit
- *		or a signal cuts the wait short; shutdown ends it (the page is read
- *		again at the next start).
+ * OutboxRelayStandbyPollMs
+ *		How long the STANDBY step waits before looking again (relay.c): a
+ *		moment while the standbys keep up, longer once the wait is shown,
+ *		longer still while a slot cannot catch up as it is.
  */
-RelayStep
-OutboxRelayStepStandby(Relay *r)
+long
+OutboxRelayStandbyPollMs(const Relay *r)
 {
-	long		timeout_ms = RELAY_STANDBY_POLL_MS;
-
 	if (r->standby_blocked)
-		timeout_ms = RELAY_STANDBY_BLOCKED_POLL_MS;
-	else if (TimestampDifferenceExceeds(r->standby_wait_since, GetCurrentTimestamp(),
-										RELAY_STANDBY_REPORT_MS))
-		timeout_ms = RELAY_STANDBY_SLOW_POLL_MS;
-	if (OutboxRelayWait(r, timeout_ms, WAIT_STANDBY(r)) & RELAY_WAKE_STOP)
-		return RELAY_STEP_STOP;
-	return RELAY_STEP_SEND;
+		return RELAY_STANDBY_BLOCKED_POLL_MS;
+	if (TimestampDifferenceExceeds(r->standby_wait_since, GetCurrentTimestamp(),
+								   RELAY_STANDBY_REPORT_MS))
+		return RELAY_STANDBY_SLOW_POLL_MS;
+	return RELAY_STANDBY_POLL_MS;
 }

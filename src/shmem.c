@@ -61,6 +61,7 @@
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+#include "shmem_area.h"
 
 /* the recent window: OUTBOX_WINDOWS periods of OUTBOX_WINDOW_SECS */
 #define OUTBOX_WINDOWS		6
@@ -142,8 +143,7 @@ outbox_shmem_request(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(outbox_shmem_size());
-	RequestNamedLWLockTranche("outbox", 1);
+	OutboxShmemAreaRequest("outbox", outbox_shmem_size());
 	OutboxHandoffShmemRequest();
 	OutboxInboxShmemRequest();
 	OutboxCounterShmemRequest();
@@ -152,18 +152,17 @@ outbox_shmem_request(void)
 static void
 outbox_shmem_startup(void)
 {
-	bool		found;
+	LWLock	   *made_lock;
 	int			i;
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	outbox_shared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
-	if (!found)
+	outbox_shared = OutboxShmemAreaInit("outbox", outbox_shmem_size(), &made_lock);
+	if (made_lock != NULL)
 	{
-		memset(outbox_shared, 0, outbox_shmem_size());
-		outbox_shared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
+		outbox_shared->lock = made_lock;
 		outbox_shared->nslots = outbox_max_databases;
 		for (i = 0; i < outbox_shared->nslots; i++)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
@@ -620,19 +619,6 @@ OutboxSlotSetStandbyWait(OutboxSlot *slot, const char *why)
 	SpinLockRelease(&slot->mutex);
 }
 
-/* read and clear one of the slot's flags */
-static bool
-take_flag(OutboxSlot *slot, bool *flag)
-{
-	bool		value;
-
-	SpinLockAcquire(&slot->mutex);
-	value = *flag;
-	*flag = false;
-	SpinLockRelease(&slot->mutex);
-	return value;
-}
-
 /*
  * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
  *		Relay: whether replays were queued, or a DROP EXTENSION committed,
@@ -641,13 +627,13 @@ take_flag(OutboxSlot *slot, bool *flag)
 bool
 OutboxSlotTakeReplayPending(OutboxSlot *slot)
 {
-	return take_flag(slot, &slot->replay_pending);
+	return OutboxShmemTakeFlag(&slot->mutex, &slot->replay_pending);
 }
 
 bool
 OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
 {
-	return take_flag(slot, &slot->check_extension);
+	return OutboxShmemTakeFlag(&slot->mutex, &slot->check_extension);
 }
 
 /* the publish latency histogram's bucket bounds, microseconds */

@@ -111,7 +111,7 @@ static SPIPlanPtr plans[Q_COUNT];
 
 /*
  * OutboxStorePrepare
- *		Prepare one of the relay's statements and keep the plan for the
+ *		Prepare one of the extension's statements and keep the plan for the
  *		life of the process; the caller holds it in a static and prepares
  *		only while that is NULL.  Must run inside SPI.  A statement of ours
  *		that does not prepare is a bug, hence elog; what names it there.
@@ -142,6 +142,23 @@ OutboxStoreRun(const char *sql, bool read_only, long count, int expected,
 
 	if (rc != expected)
 		elog(ERROR, "could not %s: %s", what, SPI_result_code_string(rc));
+}
+
+/*
+ * OutboxStoreRunArgs
+ *		OutboxStoreRun for a statement that writes, with nargs parameters
+ *		(types and values as SPI_execute_with_args takes them, none null).
+ *		Returns how many rows it processed.
+ */
+int64
+OutboxStoreRunArgs(const char *sql, int nargs, Oid *types, Datum *values,
+				   int expected, const char *what)
+{
+	int			rc = SPI_execute_with_args(sql, nargs, types, values, NULL, false, 0);
+
+	if (rc != expected)
+		elog(ERROR, "could not %s: %s", what, SPI_result_code_string(rc));
+	return (int64) SPI_processed;
 }
 
 /*
@@ -666,6 +683,32 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 }
 
 /*
+ * OutboxStoreQueryEvents
+ *		Run sql, a SELECT of EVENT_COLUMNS first, with nargs parameters
+ *		(as OutboxStoreRunArgs), and fetch up to limit of its events, and
+ *		at most outbox.batch_max_bytes of them past the first
+ *		(OutboxStoreFetchEvents), into cxt.  what names what it reads for
+ *		the error message.  Inside SPI.  Returns how many.
+ */
+int
+OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types, Datum *values,
+					   bool read_only, int limit, OutboxEvent **events,
+					   MemoryContext cxt, const char *what)
+{
+	Portal		portal;
+	bool		cut;
+	int			n;
+
+	portal = SPI_cursor_open_with_args(NULL, sql, nargs, types, values, NULL,
+									   read_only, 0);
+	if (portal == NULL)
+		elog(ERROR, "could not read %s: %s", what, SPI_result_code_string(SPI_result));
+	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
+	SPI_cursor_close(portal);
+	return n;
+}
+
+/*
  * OutboxStoreReadReplays
  *		The next up to limit queued replays, in queue order, and at most
  *		outbox.batch_max_bytes of them past the first (OutboxStoreFetchEvents).
@@ -675,23 +718,17 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 {
 	Datum		values[1];
 	Oid			types[1] = {INT4OID};
-	Portal		portal;
-	bool		cut;
 	int			n;
 
 	SPI_connect();
 	values[0] = Int32GetDatum(limit);
-	portal = SPI_cursor_open_with_args(NULL,
-									   "SELECT " EVENT_COLUMNS ", q.position"
-									   " FROM outbox.replay_queue q"
-									   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
-									   " ORDER BY q.position LIMIT $1",
-									   1, types, values, NULL, true, 0);
-	if (portal == NULL)
-		elog(ERROR, "could not read the replay queue: %s", SPI_result_code_string(SPI_result));
 	/* what the bytes leave out stays queued for the next page */
-	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
-	SPI_cursor_close(portal);
+	n = OutboxStoreQueryEvents("SELECT " EVENT_COLUMNS ", q.position"
+							   " FROM outbox.replay_queue q"
+							   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) q.event_pk"
+							   " ORDER BY q.position LIMIT $1",
+							   1, types, values, true, limit, events, cxt,
+							   "the replay queue");
 	SPI_finish();
 	return n;
 }

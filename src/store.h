@@ -2,9 +2,9 @@
  *
  * store.h
  *		What the relay's SQL files (store.c, store_dead.c, store_upkeep.c,
- *		store_held.c)
- *		share among themselves; the rest of the extension sees only the
- *		OutboxStore functions declared in outbox.h.
+ *		store_held.c) share among themselves; only they include it.  The
+ *		rest of the extension sees only the OutboxStore functions declared
+ *		in outbox.h (OutboxStorePrepare among them).
  *
  *-------------------------------------------------------------------------
  */
@@ -15,14 +15,18 @@
 
 #include "outbox.h"
 
-extern SPIPlanPtr OutboxStorePrepare(const char *sql, int nargs, Oid *types,
-									 const char *what);
 extern void OutboxStoreRun(const char *sql, bool read_only, long count,
 						   int expected, const char *what);
+extern int64 OutboxStoreRunArgs(const char *sql, int nargs, Oid *types,
+								Datum *values, int expected, const char *what);
 extern HeapTuple OutboxStoreRow(const char *sql, const char *what);
 extern int	OutboxStoreFetchEvents(Portal portal, int limit, int64 max_bytes,
 								   OutboxEvent **events, MemoryContext cxt,
 								   bool *cut);
+extern int	OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types,
+								   Datum *values, bool read_only, int limit,
+								   OutboxEvent **events, MemoryContext cxt,
+								   const char *what);
 
 /*
  * The columns store.c's decode_event() reads, in its order.  Values come back binary

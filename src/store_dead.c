@@ -129,10 +129,11 @@ head_holds(const char *head)
 /*
  * record_dead_letter
  *		Insert or update ev's dead letter in state, with its failure record
- *		when it has one.  Inside SPI.
+ *		when it has one (its error worded by wording).  Inside SPI.
  */
 static void
-record_dead_letter(const OutboxEvent *ev, const char *state)
+record_dead_letter(const OutboxEvent *ev, const char *state,
+				   OutboxErrorWording wording)
 {
 	static SPIPlanPtr plan = NULL;
 	Datum		values[DEAD_LETTER_NARGS];
@@ -157,7 +158,7 @@ record_dead_letter(const OutboxEvent *ev, const char *state)
 	if (cls != NULL && ev->attempts > 0)
 	{
 		values[3] = CStringGetTextDatum(cls);
-		values[4] = CStringGetTextDatum(OutboxDeliveryErrorText(ev->last_err, ev->last_err_local));
+		values[4] = CStringGetTextDatum(wording(ev->last_err, ev->last_err_local));
 		values[6] = TimestampTzGetDatum(ev->first_failed_at);
 		values[7] = TimestampTzGetDatum(ev->last_failed_at);
 	}
@@ -200,10 +201,11 @@ queue_dead_letter(const OutboxEvent *ev)
  *		see head_holds) joins the replay queue instead, behind its head.
  *		Runs in the transaction that saves the page.  Events come in id
  *		order, so a head quarantined in the same page is recorded before
- *		what parks behind it.  Returns how many were queued.
+ *		what parks behind it.  A failure record's error is worded by
+ *		wording.  Returns how many were queued.
  */
 int
-OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
+OutboxStoreRecordDeadLetters(OutboxEvent *events, int n, OutboxErrorWording wording)
 {
 	int			i;
 	int			queued = 0;
@@ -218,7 +220,7 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 
 		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
 		{
-			record_dead_letter(ev, "quarantined");
+			record_dead_letter(ev, "quarantined", wording);
 			continue;
 		}
 		if (ev->disposition != OUTBOX_EVENT_PARKED)
@@ -230,7 +232,7 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n)
 			last_holds = head_holds(last_head);
 		}
 		requeue = ev->blocked_by == NULL || !last_holds;
-		record_dead_letter(ev, requeue ? "replaying" : "parked");
+		record_dead_letter(ev, requeue ? "replaying" : "parked", wording);
 		if (requeue)
 		{
 			queue_dead_letter(ev);
@@ -353,10 +355,11 @@ settle_replay(const OutboxEvent *ev)
  *		replay(since, until) rows alike, including those parked in this
  *		page) leaves the queue and is parked behind it, so that nothing of
  *		the aggregate overtakes it.  Last, parked events whose head no
- *		longer holds them back join the queue (release_parked).
+ *		longer holds them back join the queue (release_parked).  wording:
+ *		as for OutboxStoreRecordDeadLetters.
  */
 void
-OutboxStoreFinishReplays(OutboxEvent *events, int n)
+OutboxStoreFinishReplays(OutboxEvent *events, int n, OutboxErrorWording wording)
 {
 	int			i;
 
@@ -365,6 +368,6 @@ OutboxStoreFinishReplays(OutboxEvent *events, int n)
 		settle_replay(&events[i]);
 	SPI_finish();
 	/* the quarantined and parked ones are (re)recorded the usual way */
-	(void) OutboxStoreRecordDeadLetters(events, n);
+	(void) OutboxStoreRecordDeadLetters(events, n, wording);
 	release_parked();
 }

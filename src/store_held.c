@@ -143,7 +143,6 @@ OutboxStoreHoldEvents(const OutboxEvent *events, int n, bool counted)
 	int			count;
 	int			i;
 	int			j = 0;
-	int			rc;
 	int64		held;
 
 	values[0] = event_ids(events, n, newly_held, &count);
@@ -164,21 +163,17 @@ OutboxStoreHoldEvents(const OutboxEvent *events, int n, bool counted)
 	values[3] = PointerGetDatum(construct_array(counts, count, INT4OID, 4, true, TYPALIGN_INT));
 
 	SPI_connect();
-	if (counted)
-		rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition, partition_count)"
-								   " SELECT i, t, p, CASE WHEN c OPERATOR(pg_catalog.>) 0 THEN c END"
-								   " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-								   "  pg_catalog.unnest($3), pg_catalog.unnest($4)) AS r (i, t, p, c)"
-								   " ON CONFLICT (id) DO NOTHING",
-								   4, types, values, NULL, false, 0);
-	else
-		rc = SPI_execute_with_args("INSERT INTO outbox.held (id, topic, kafka_partition)"
-								   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
-								   " ON CONFLICT (id) DO NOTHING",
-								   3, types, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "could not record held events: %s", SPI_result_code_string(rc));
-	held = (int64) SPI_processed;
+	held = OutboxStoreRunArgs(counted ?
+							  "INSERT INTO outbox.held (id, topic, kafka_partition, partition_count)"
+							  " SELECT i, t, p, CASE WHEN c OPERATOR(pg_catalog.>) 0 THEN c END"
+							  " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+							  "  pg_catalog.unnest($3), pg_catalog.unnest($4)) AS r (i, t, p, c)"
+							  " ON CONFLICT (id) DO NOTHING" :
+							  "INSERT INTO outbox.held (id, topic, kafka_partition)"
+							  " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+							  " ON CONFLICT (id) DO NOTHING",
+							  counted ? 4 : 3, types, values, SPI_OK_INSERT,
+							  "record held events");
 	SPI_finish();
 	return held;
 }
@@ -202,18 +197,14 @@ OutboxStoreReleaseHeld(const OutboxEvent *events, int n)
 	Datum		values[1];
 	Oid			types[1] = {INT8ARRAYOID};
 	int			count;
-	int			rc;
 	int64		gone;
 
 	values[0] = event_ids(events, n, released, &count);
 	if (count == 0)
 		return 0;
 	SPI_connect();
-	rc = SPI_execute_with_args("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
-							   1, types, values, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "could not delete held events: %s", SPI_result_code_string(rc));
-	gone = (int64) SPI_processed;
+	gone = OutboxStoreRunArgs("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
+							  1, types, values, SPI_OK_DELETE, "delete held events");
 	SPI_finish();
 	return gone;
 }
@@ -232,8 +223,6 @@ OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 {
 	Datum		values[3];
 	Oid			types[3] = {TEXTOID, INT4OID, INT4OID};
-	Portal		portal;
-	bool		cut;
 	int			n;
 	int			i;
 
@@ -241,18 +230,14 @@ OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 	values[1] = Int32GetDatum(partition);
 	values[2] = Int32GetDatum(limit);
 	SPI_connect();
-	portal = SPI_cursor_open_with_args(NULL,
-									   "SELECT " EVENT_COLUMNS
-									   " FROM outbox.held h"
-									   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) h.id"
-									   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
-									   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2"
-									   " ORDER BY h.id LIMIT $3",
-									   3, types, values, NULL, false, 0);
-	if (portal == NULL)
-		elog(ERROR, "could not read held events: %s", SPI_result_code_string(SPI_result));
-	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);
-	SPI_cursor_close(portal);
+	n = OutboxStoreQueryEvents("SELECT " EVENT_COLUMNS
+							   " FROM outbox.held h"
+							   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) h.id"
+							   " WHERE h.topic OPERATOR(pg_catalog.=) $1"
+							   " AND h.kafka_partition OPERATOR(pg_catalog.=) $2"
+							   " ORDER BY h.id LIMIT $3",
+							   3, types, values, false, limit, events, cxt,
+							   "held events");
 	SPI_finish();
 	for (i = 0; i < n; i++)
 	{
@@ -268,14 +253,11 @@ OutboxStoreDeleteHeld(int64 id)
 {
 	Datum		values[1];
 	Oid			types[1] = {INT8OID};
-	int			rc;
 
 	values[0] = Int64GetDatum(id);
 	SPI_connect();
-	rc = SPI_execute_with_args("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) $1",
-							   1, types, values, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "could not delete a held event: %s", SPI_result_code_string(rc));
+	(void) OutboxStoreRunArgs("DELETE FROM outbox.held WHERE id OPERATOR(pg_catalog.=) $1",
+							  1, types, values, SPI_OK_DELETE, "delete a held event");
 	SPI_finish();
 }
 

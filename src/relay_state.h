@@ -1,12 +1,18 @@
 /*-------------------------------------------------------------------------
  *
- * relay.h
- *		The relay's state, shared by the files of the relay only: relay.c
- *		(the loop, its steps and its one wait), relay_round.c (rounds of a
- *		page: send, settle, quarantine) and relay_page.c (the database
- *		side: short transactions through store.c), relay_standby.c (a
- *		page waits for the standbys named in
- *		outbox.synchronized_standby_slots).
+ * relay_state.h
+ *		The relay's state and what its files offer each other; only the
+ *		files of the relay include it.  They stand in floors, each calling
+ *		only the files below it:
+ *		  relay.c          the loop, its steps and its one wait
+ *		  relay_round.c    rounds of a page: send, settle, quarantine
+ *		  relay_producer.c the producer: built, served, closed when idle
+ *		  relay_page.c     the database side: short transactions (store.c)
+ *		  relay_hold.c     held partitions: probes and drains
+ *		  relay_standby.c  a page waits for the standbys named in
+ *		                   outbox.synchronized_standby_slots
+ *		  relay_state.c    shared by all: the state shown, errors, and the
+ *		                   transaction brackets
  *
  * Invariants: a relay process has one Relay, owned by relay.c and passed
  * by pointer; no relay file keeps state of its own in file-level statics.
@@ -16,8 +22,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef OUTBOX_RELAY_H
-#define OUTBOX_RELAY_H
+#ifndef OUTBOX_RELAY_STATE_H
+#define OUTBOX_RELAY_STATE_H
 
 #include "access/transam.h"
 #include "access/xlogdefs.h"
@@ -217,26 +223,17 @@ OutboxRelayReportInit(OutboxRoundReport *report)
 	report->brokers_up = OUTBOX_BROKERS_UNCHANGED;
 }
 
-/* what woke OutboxRelayWait */
-#define RELAY_WAKE_TIMEOUT	0x01
-#define RELAY_WAKE_LATCH	0x02
-#define RELAY_WAKE_PRODUCER 0x04
-#define RELAY_WAKE_STOP		0x08	/* the relay must stop now */
-
-/* relay.c */
-extern int	OutboxRelayWait(Relay *r, long timeout_ms, uint32 wait_event);
+/* relay_state.c */
 extern void OutboxRelaySetState(Relay *r, OutboxRelayState state);
 extern void OutboxRelayNoteError(Relay *r, const char *what, const char *detail);
 extern void OutboxRelayReportError(Relay *r, const char *what, const char *detail);
-extern void OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report);
+extern void OutboxRelayBeginTxn(const char *activity);
+extern void OutboxRelayEndTxn(Relay *r);
 
-/* relay_round.c */
-extern void OutboxRelayParkBlocked(Relay *r, RelayPage *pg);
-extern void OutboxRelaySendRound(Relay *r, RelayPage *pg);
-extern void OutboxRelayWatchRound(Relay *r, int pending);
-extern bool OutboxRelaySettleRound(Relay *r, RelayPage *pg);
-extern bool OutboxRelayPagePending(const RelayPage *pg);
-extern void OutboxRelayReloadBlocked(Relay *r);
+/* relay_standby.c */
+extern XLogRecPtr OutboxRelayWalEnd(void);
+extern bool OutboxRelayStandbysHave(Relay *r, RelayPage *pg);
+extern long OutboxRelayStandbyPollMs(const Relay *r);
 
 /* relay_hold.c */
 extern void OutboxRelayLoadHolds(Relay *r);
@@ -251,15 +248,9 @@ extern bool OutboxRelayTakeDrain(Relay *r);
 extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
 extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
 
-/* relay_standby.c */
-extern XLogRecPtr OutboxRelayWalEnd(void);
-extern bool OutboxRelayStandbysHave(Relay *r, RelayPage *pg);
-extern RelayStep OutboxRelayStepStandby(Relay *r);
-
 /* relay_page.c */
-extern void OutboxRelayBeginTxn(const char *activity);
-extern void OutboxRelayEndTxn(Relay *r);
 extern void OutboxRelayCheckExtension(Relay *r);
+extern void OutboxRelayReloadBlocked(Relay *r);
 extern bool OutboxRelayReadPage(Relay *r, RelayPage *pg);
 extern void OutboxRelayPassStarted(Relay *r, FullTransactionId next_xid);
 extern bool OutboxRelayReadReplays(Relay *r, RelayPage *pg);
@@ -268,4 +259,19 @@ extern void OutboxRelayAdoptRestored(Relay *r);
 extern void OutboxRelayCleanup(Relay *r);
 extern void OutboxRelayLoadProgress(Relay *r, Oid dboid);
 
-#endif							/* OUTBOX_RELAY_H */
+/* relay_producer.c */
+extern void OutboxRelaySetProducer(Relay *r, OutboxProducer *producer);
+extern bool OutboxRelayEnsureProducer(Relay *r);
+extern void OutboxRelayCloseIdleProducer(Relay *r);
+extern int	OutboxRelayServeProducer(Relay *r);
+extern void OutboxRelayTakeProducerErrors(Relay *r, OutboxRoundReport *report);
+extern void OutboxRelayReportProducer(Relay *r);
+
+/* relay_round.c */
+extern void OutboxRelayParkBlocked(Relay *r, RelayPage *pg);
+extern void OutboxRelaySendRound(Relay *r, RelayPage *pg);
+extern void OutboxRelayWatchRound(Relay *r, int pending);
+extern bool OutboxRelaySettleRound(Relay *r, RelayPage *pg);
+extern bool OutboxRelayPagePending(const RelayPage *pg);
+
+#endif							/* OUTBOX_RELAY_STATE_H */
