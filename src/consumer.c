@@ -2104,32 +2104,11 @@ OutboxConsumerMain(Datum main_arg)
 		proc_exit(0);
 	before_shmem_exit(worker_detach, PointerGetDatum(w));
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
-	SetConfigOption("search_path", "pg_catalog", PGC_SUSET, PGC_S_OVERRIDE);
-	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-
-	/*
-	 * DDL on the extension's tables (DROP EXTENSION outbox) can lock them
-	 * in the order opposite to a worker's statement.  Checking for a
-	 * deadlock sooner than the sessions' default makes this worker the one
-	 * that gives way (it errors out, is started again and finds the
-	 * extension gone), not the user's command.
-	 */
-	SetConfigOption("deadlock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
-
 	w->cxt = AllocSetContextCreate(TopMemoryContext, "outbox subscription",
 								   ALLOCSET_DEFAULT_SIZES);
 	w->batch_cxt = AllocSetContextCreate(w->cxt, "outbox subscription batch",
 										 ALLOCSET_DEFAULT_SIZES);
-	if (pipe(w->event_pipe) != 0 ||
-		fcntl(w->event_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(w->event_pipe[1], F_SETFL, O_NONBLOCK) != 0)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("could not create the subscription's event pipe: %m")));
-	w->wait_set = OutboxCreateWaitEventSet(w->cxt, 3);
-	AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-	AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->event_pipe[0], NULL, NULL);
+	w->wait_set = OutboxWorkerStart(w->cxt, w->event_pipe, "subscription");
 	OutboxKafkaReadSecretsFile(w->cxt);
 
 	StartTransactionCommand();

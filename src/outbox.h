@@ -713,6 +713,10 @@ extern void OutboxSubscriptionsAnnounce(void);
 /* consumer.c */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
+/* worker.c: the start-up the relay and the subscription worker share */
+extern WaitEventSet *OutboxWorkerStart(MemoryContext cxt, int event_pipe[2],
+									   const char *what);
+
 /* launcher.c, launcher_consumers.c: the launcher */
 #define OUTBOX_RESTART_DELAY_MS		1000	/* before a stopped worker starts again */
 #define OUTBOX_NO_WORKER_RETRY_MS	5000	/* after no background worker slot was free */
