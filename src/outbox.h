@@ -711,7 +711,7 @@ extern void OutboxAsOwnerBegin(OutboxAsOwner *save);
 extern void OutboxAsOwnerEnd(OutboxAsOwner *save);
 extern void OutboxSubscriptionsAnnounce(void);
 
-/* consumer.c */
+/* consumer.c: the subscription worker (its other files share consumer_worker.h) */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
 
 /* spi_exec.c: one of the extension's own statements, its result checked */
