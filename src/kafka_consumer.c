@@ -195,20 +195,15 @@ free_memo(OutboxConsumer *c)
 }
 
 /*
- * OutboxConsumerCreate
- *		A consumer in group_id subscribed to topics.  It writes a byte to
- *		event_fd (non-blocking) when its queue gets something; the worker
- *		waits on the other end.  NULL and a message in *errmsg on failure.
+ * consumer_conf
+ *		The consumer's configuration: outbox's client settings with the
+ *		defaults below, then the settings outbox.kafka_config may not
+ *		change.  NULL and a message in *errmsg on failure.
  */
-OutboxConsumer *
-OutboxConsumerCreate(const char *group_id, const char *client_id,
-					 char **topics, int ntopics, int event_fd,
-					 OutboxAssignFn assign, void *arg, char **errmsg)
+static rd_kafka_conf_t *
+consumer_conf(const char *group_id, const char *client_id, char **errmsg)
 {
 	rd_kafka_conf_t *conf;
-	OutboxConsumer *c;
-	rd_kafka_topic_partition_list_t *subscription;
-	rd_kafka_resp_err_t err;
 	char		errstr[512];
 	int			i;
 	/*
@@ -227,7 +222,7 @@ OutboxConsumerCreate(const char *group_id, const char *client_id,
 		/*
 		 * A position outside the log is the worker's to judge, never taken
 		 * as read: see the invariants.  Where a new subscription starts is
-		 * decided on assignment (consumer.c), not here.
+		 * decided on assignment (consumer_offsets.c), not here.
 		 */
 		{"auto.offset.reset", "error"},
 		{"enable.auto.commit", "false"},
@@ -249,6 +244,59 @@ OutboxConsumerCreate(const char *group_id, const char *client_id,
 							   settings[i][0], errstr);
 			return NULL;
 		}
+	return conf;
+}
+
+/*
+ * subscribe_topics
+ *		Subscribe c to topics; its queue, with logs, errors and rebalances
+ *		forwarded to it, writes to event_fd.  False and a message in
+ *		*errmsg on failure.
+ */
+static bool
+subscribe_topics(OutboxConsumer *c, char **topics, int ntopics, int event_fd,
+				 char **errmsg)
+{
+	rd_kafka_topic_partition_list_t *subscription;
+	rd_kafka_resp_err_t err;
+	int			i;
+
+	/* logs, errors and rebalances all arrive through the consumer queue */
+	rd_kafka_set_log_queue(c->rk, NULL);
+	rd_kafka_poll_set_consumer(c->rk);
+	c->queue = rd_kafka_queue_get_consumer(c->rk);
+	rd_kafka_queue_io_event_enable(c->queue, event_fd, "1", 1);
+
+	subscription = rd_kafka_topic_partition_list_new(ntopics);
+	for (i = 0; i < ntopics; i++)
+		rd_kafka_topic_partition_list_add(subscription, topics[i], RD_KAFKA_PARTITION_UA);
+	err = rd_kafka_subscribe(c->rk, subscription);
+	rd_kafka_topic_partition_list_destroy(subscription);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		*errmsg = psprintf("could not subscribe: %s", rd_kafka_err2str(err));
+		return false;
+	}
+	return true;
+}
+
+/*
+ * OutboxConsumerCreate
+ *		A consumer in group_id subscribed to topics.  It writes a byte to
+ *		event_fd (non-blocking) when its queue gets something; the worker
+ *		waits on the other end.  NULL and a message in *errmsg on failure.
+ */
+OutboxConsumer *
+OutboxConsumerCreate(const char *group_id, const char *client_id,
+					 char **topics, int ntopics, int event_fd,
+					 OutboxAssignFn assign, void *arg, char **errmsg)
+{
+	rd_kafka_conf_t *conf;
+	OutboxConsumer *c;
+	char		errstr[512];
+
+	if ((conf = consumer_conf(group_id, client_id, errmsg)) == NULL)
+		return NULL;
 	c = calloc(1, sizeof(OutboxConsumer));
 	if (c == NULL ||
 		(c->built_brokers = strdup(outbox_kafka_brokers)) == NULL ||
@@ -275,37 +323,31 @@ OutboxConsumerCreate(const char *group_id, const char *client_id,
 		*errmsg = psprintf("could not create the Kafka consumer: %s", errstr);
 		return NULL;
 	}
-	/* logs, errors and rebalances all arrive through the consumer queue */
-	rd_kafka_set_log_queue(c->rk, NULL);
-	rd_kafka_poll_set_consumer(c->rk);
-	c->queue = rd_kafka_queue_get_consumer(c->rk);
-	rd_kafka_queue_io_event_enable(c->queue, event_fd, "1", 1);
-
-	subscription = rd_kafka_topic_partition_list_new(ntopics);
-	for (i = 0; i < ntopics; i++)
-		rd_kafka_topic_partition_list_add(subscription, topics[i], RD_KAFKA_PARTITION_UA);
-	err = rd_kafka_subscribe(c->rk, subscription);
-	rd_kafka_topic_partition_list_destroy(subscription);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (!subscribe_topics(c, topics, ntopics, event_fd, errmsg))
 	{
-		*errmsg = psprintf("could not subscribe: %s", rd_kafka_err2str(err));
 		OutboxConsumerDestroy(c, 0);
 		return NULL;
 	}
 	return c;
 }
 
-/* an offset reset of topic/partition at offset, for the worker to take */
+/*
+ * set_offset
+ *		Set topic/partition's offset in *list, adding the partition when it
+ *		is not there, and making the list (room for size) when there is
+ *		none.
+ */
 static void
-note_reset(OutboxConsumer *c, const char *topic, int32 partition, int64 offset)
+set_offset(rd_kafka_topic_partition_list_t **list, int size, const char *topic,
+		   int32 partition, int64 offset)
 {
 	rd_kafka_topic_partition_t *p;
 
-	if (c->resets == NULL)
-		c->resets = rd_kafka_topic_partition_list_new(4);
-	p = rd_kafka_topic_partition_list_find(c->resets, topic, partition);
+	if (*list == NULL)
+		*list = rd_kafka_topic_partition_list_new(size);
+	p = rd_kafka_topic_partition_list_find(*list, topic, partition);
 	if (p == NULL)
-		p = rd_kafka_topic_partition_list_add(c->resets, topic, partition);
+		p = rd_kafka_topic_partition_list_add(*list, topic, partition);
 	p->offset = offset;
 }
 
@@ -350,7 +392,8 @@ OutboxConsumerPoll(OutboxConsumer *c, OutboxInbound *out, int max, MemoryContext
 		{
 			/* a reset the worker reports itself, with the log's bounds */
 			if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL)
-				note_reset(c, rd_kafka_topic_name(m->rkt), m->partition, m->offset);
+				set_offset(&c->resets, 4, rd_kafka_topic_name(m->rkt), m->partition,
+						   m->offset);
 			else
 				record_error(c, rd_kafka_err2name(m->err), rd_kafka_message_errstr(m));
 			rd_kafka_message_destroy(m);
@@ -410,6 +453,7 @@ OutboxConsumerFailed(OutboxConsumer *c)
 	return c->failed;
 }
 
+/* a list of topic/partition at offset; the caller destroys it */
 static rd_kafka_topic_partition_list_t *
 one_partition(const char *topic, int32 partition, int64 offset)
 {
@@ -417,6 +461,19 @@ one_partition(const char *topic, int32 partition, int64 offset)
 
 	rd_kafka_topic_partition_list_add(list, topic, partition)->offset = offset;
 	return list;
+}
+
+/* pause or resume fetching topic/partition */
+static void
+pause_one(OutboxConsumer *c, const char *topic, int32 partition, bool pause)
+{
+	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, 0);
+
+	if (pause)
+		(void) rd_kafka_pause_partitions(c->rk, list);
+	else
+		(void) rd_kafka_resume_partitions(c->rk, list);
+	rd_kafka_topic_partition_list_destroy(list);
 }
 
 /*
@@ -442,13 +499,11 @@ OutboxConsumerRewind(OutboxConsumer *c, const char *topic, int32 partition,
 	rd_kafka_topic_partition_list_destroy(list);
 }
 
+/* fetch topic/partition again, from where it is */
 void
 OutboxConsumerResume(OutboxConsumer *c, const char *topic, int32 partition)
 {
-	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, 0);
-
-	(void) rd_kafka_resume_partitions(c->rk, list);
-	rd_kafka_topic_partition_list_destroy(list);
+	pause_one(c, topic, partition, false);
 }
 
 /*
@@ -460,14 +515,7 @@ void
 OutboxConsumerCommit(OutboxConsumer *c, const char *topic, int32 partition,
 					 int64 next_offset)
 {
-	rd_kafka_topic_partition_t *p;
-
-	if (c->to_commit == NULL)
-		c->to_commit = rd_kafka_topic_partition_list_new(8);
-	p = rd_kafka_topic_partition_list_find(c->to_commit, topic, partition);
-	if (p == NULL)
-		p = rd_kafka_topic_partition_list_add(c->to_commit, topic, partition);
-	p->offset = next_offset;
+	set_offset(&c->to_commit, 8, topic, partition, next_offset);
 }
 
 /*
@@ -544,10 +592,7 @@ OutboxConsumerTakeResets(OutboxConsumer *c, OutboxAssigned **resets)
 void
 OutboxConsumerPause(OutboxConsumer *c, const char *topic, int32 partition)
 {
-	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, 0);
-
-	(void) rd_kafka_pause_partitions(c->rk, list);
-	rd_kafka_topic_partition_list_destroy(list);
+	pause_one(c, topic, partition, true);
 }
 
 /* the partition's high watermark as the last fetch told it, -1 unknown */

@@ -728,10 +728,11 @@ extern void OutboxReportStoppedPartition(OutboxInboxSlot *slot,
 										 int64 next_offset,
 										 const OutboxLogRange *range);
 
-/* subscribe.c: subscribe(), unsubscribe() and what they share with the worker */
+/* subscribe_handler.c: what makes a function a handler, for subscribe() and the worker */
 extern Oid	OutboxHandlerByName(const char *text);
 extern bool OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem);
 extern bool OutboxRoleMayExecute(Oid role, Oid func);
+extern Oid	OutboxInboundType(void);
 
 /* subscribe.c: SQL run with the extension owner's rights, search_path pinned */
 typedef struct OutboxAsOwner
@@ -745,8 +746,19 @@ extern void OutboxAsOwnerBegin(OutboxAsOwner *save);
 extern void OutboxAsOwnerEnd(OutboxAsOwner *save);
 extern void OutboxSubscriptionsAnnounce(void);
 
-/* consumer.c */
+/* consumer.c: the subscription worker (its other files share consumer_worker.h) */
 PGDLLEXPORT void OutboxConsumerMain(Datum main_arg);
+
+/* spi_exec.c: one of the extension's own statements, its result checked */
+extern void OutboxSpiExec(const char *sql, int nargs, Oid *types, Datum *values,
+						  const char *nulls, bool read_only, long count,
+						  int expected, const char *what);
+extern void OutboxSpiExecText(const char *sql, const char *arg, bool read_only,
+							  long count, int expected, const char *what);
+
+/* worker.c: the start-up the relay and the subscription worker share */
+extern WaitEventSet *OutboxWorkerStart(MemoryContext cxt, int event_pipe[2],
+									   const char *what);
 
 /* launcher.c: the launcher, over launcher_relays.c and launcher_consumers.c */
 #define OUTBOX_RESTART_DELAY_MS		1000	/* before a stopped worker starts again */

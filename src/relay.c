@@ -584,32 +584,13 @@ relay_step(Relay *r)
 /*
  * relay_start
  *		Start-up, once attached to the database's slot: the relay's memory
- *		contexts and wait set, the secrets file, the relay's position.
+ *		contexts, settings and wait set (worker.c), the secrets file, the
+ *		relay's position.
  */
 static void
 relay_start(Relay *r, Oid dboid)
 {
 	const char *crashing;
-
-	/* the relay's statements name every object; nothing else may resolve */
-	SetConfigOption("search_path", "pg_catalog", PGC_SUSET, PGC_S_OVERRIDE);
-
-	/*
-	 * The batch-bounds query is planned with plain scans disabled, which
-	 * inflates its cost estimate far past jit_above_cost: compiling it would
-	 * add milliseconds to every wake-up for a query that runs in
-	 * microseconds.
-	 */
-	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-
-	/*
-	 * DDL on the extension's tables (DROP EXTENSION outbox) can lock them
-	 * in the order opposite to a worker's statement.  Checking for a
-	 * deadlock sooner than the sessions' default makes this worker the one
-	 * that gives way (it errors out, is started again and finds the
-	 * extension gone), not the user's command.
-	 */
-	SetConfigOption("deadlock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
 
 	r->cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 								   ALLOCSET_DEFAULT_SIZES);
@@ -634,16 +615,7 @@ relay_start(Relay *r, Oid dboid)
 										   ALLOCSET_SMALL_SIZES);
 	r->blocked_stale = true;
 	r->replays_due = true;
-	if (pipe(r->event_pipe) != 0 ||
-		fcntl(r->event_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(r->event_pipe[1], F_SETFL, O_NONBLOCK) != 0)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("could not create the relay's event pipe: %m")));
-	r->wait_set = OutboxCreateWaitEventSet(r->cxt, 3);
-	AddWaitEventToSet(r->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-	AddWaitEventToSet(r->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	AddWaitEventToSet(r->wait_set, WL_SOCKET_READABLE, r->event_pipe[0], NULL, NULL);
+	r->wait_set = OutboxWorkerStart(r->cxt, r->event_pipe, "relay");
 	OutboxKafkaReadSecretsFile(r->cxt);
 	if ((crashing = OutboxKafkaKnownCrash()) != NULL)
 		ereport(WARNING,

@@ -116,74 +116,6 @@ remember(List **list, const char *name)
 	MemoryContextSwitchTo(old);
 }
 
-/*
- * OutboxHandlerByName
- *		The function a subscription's handler text (regprocedure form,
- *		schema-qualified) names now, or InvalidOid.  Never ERRORs.
- */
-Oid
-OutboxHandlerByName(const char *text)
-{
-	/* to_regprocedure() answers NULL for a function that is not there */
-	LOCAL_FCINFO(fcinfo, 1);
-	Datum		result;
-
-	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
-	fcinfo->args[0].value = CStringGetTextDatum(text);
-	fcinfo->args[0].isnull = false;
-	result = to_regprocedure(fcinfo);
-	return fcinfo->isnull ? InvalidOid : DatumGetObjectId(result);
-}
-
-/*
- * OutboxCheckHandler
- *		Whether the function func can be a handler: it exists, takes one
- *		argument of type typid (outbox.inbound_message), and is a plain
- *		function returning one value.  Its owner goes to *owner when it
- *		exists.  False and *problem otherwise.  Never ERRORs on a bad OID.
- */
-bool
-OutboxCheckHandler(Oid func, Oid typid, Oid *owner, char **problem)
-{
-	HeapTuple	tup;
-	Form_pg_proc proc;
-	char	   *text;
-
-	*problem = NULL;
-	tup = OidIsValid(func) ? SearchSysCache1(PROCOID, ObjectIdGetDatum(func)) : NULL;
-	if (!HeapTupleIsValid(tup))
-	{
-		*problem = psprintf("function with OID %u does not exist", func);
-		return false;
-	}
-	proc = (Form_pg_proc) GETSTRUCT(tup);
-	*owner = proc->proowner;
-	text = format_procedure_qualified(func);
-	if (proc->pronargs != 1 || proc->proargtypes.values[0] != typid)
-		*problem = psprintf("handler %s must take one argument of type outbox.inbound_message", text);
-	else if (proc->prokind != PROKIND_FUNCTION)
-		*problem = psprintf("handler %s must be a plain function, not a procedure or an aggregate", text);
-	else if (proc->proretset)
-		*problem = psprintf("handler %s must not return a set", text);
-	ReleaseSysCache(tup);
-	return *problem == NULL;
-}
-
-bool
-OutboxRoleMayExecute(Oid role, Oid func)
-{
-	return OutboxProcAclcheck(func, role) == ACLCHECK_OK;
-}
-
-static Oid
-inbound_type(void)
-{
-	Oid			nsp = get_namespace_oid("outbox", false);
-
-	return GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
-						   CStringGetDatum("inbound_message"), ObjectIdGetDatum(nsp));
-}
-
 static bool
 name_is_valid(const char *name)
 {
@@ -236,17 +168,14 @@ OutboxAsOwnerEnd(OutboxAsOwner *save)
 static void
 check_database_limit(const char *name)
 {
-	Oid			types[1] = {TEXTOID};
-	Datum		args[1];
 	bool		isnull;
 	int64		n;
 
-	args[0] = CStringGetTextDatum(name);
-	if (SPI_execute_with_args("SELECT pg_catalog.count(*) FROM outbox.subscriptions s"
-							  " WHERE s.name OPERATOR(pg_catalog.<>) $1",
-							  1, types, args, NULL, true, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "counting the subscriptions failed");
+	OutboxSpiExecText("SELECT pg_catalog.count(*) FROM outbox.subscriptions s"
+					  " WHERE s.name OPERATOR(pg_catalog.<>) $1",
+					  name, true, 1, SPI_OK_SELECT, "counting the subscriptions");
+	if (SPI_processed != 1)
+		elog(ERROR, "counting the subscriptions returned %d rows", (int) SPI_processed);
 	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	if (n >= outbox_max_subscriptions_per_database)
 		ereport(ERROR,
@@ -310,7 +239,7 @@ check_handler_arg(Oid handler, Oid caller)
 	char	   *problem;
 	Oid			proowner = InvalidOid;
 
-	if (!OutboxCheckHandler(handler, inbound_type(), &proowner, &problem))
+	if (!OutboxCheckHandler(handler, OutboxInboundType(), &proowner, &problem))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
 				 errmsg("%s", problem),
@@ -342,21 +271,19 @@ claim_group(const char *group_id, Oid caller)
 
 	args[0] = CStringGetTextDatum(group_id);
 	args[1] = ObjectIdGetDatum(caller);
-	if (SPI_execute_with_args("INSERT INTO outbox.inbox_groups (group_id, owner)"
-							  " VALUES ($1, $2::pg_catalog.regrole) ON CONFLICT (group_id) DO NOTHING",
-							  2, types, args, NULL, false, 0) != SPI_OK_INSERT)
-		elog(ERROR, "recording the consumer group failed");
+	OutboxSpiExec("INSERT INTO outbox.inbox_groups (group_id, owner)"
+				  " VALUES ($1, $2::pg_catalog.regrole) ON CONFLICT (group_id) DO NOTHING",
+				  2, types, args, NULL, false, 0, SPI_OK_INSERT, "recording the consumer group");
 
 	/*
 	 * The group's owner, and the owners of its subscriptions (a row a
 	 * superuser inserted by hand has no group row of its own).
 	 */
-	if (SPI_execute_with_args("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
-							  " WHERE g.group_id OPERATOR(pg_catalog.=) $1"
-							  " UNION ALL SELECT s.owner::pg_catalog.oid FROM outbox.subscriptions s"
-							  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",
-							  1, types, args, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "reading the consumer group failed");
+	OutboxSpiExecText("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
+					  " WHERE g.group_id OPERATOR(pg_catalog.=) $1"
+					  " UNION ALL SELECT s.owner::pg_catalog.oid FROM outbox.subscriptions s"
+					  " WHERE s.group_id OPERATOR(pg_catalog.=) $1",
+					  group_id, false, 0, SPI_OK_SELECT, "reading the consumer group");
 	for (k = 0; k < SPI_processed && !OidIsValid(owner); k++)
 	{
 		Oid			o = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[k],
@@ -379,6 +306,140 @@ claim_group(const char *group_id, Oid caller)
 	}
 }
 
+/* subscribe()'s arguments, checked */
+typedef struct SubscribeArgs
+{
+	char	   *name;
+	Oid			handler;
+	Oid			handler_owner;	/* the handler's owner now */
+	char	   *group_id;
+	char	   *start_from;
+	char	   *policy;
+	int			batch_size;
+} SubscribeArgs;
+
+/*
+ * check_names
+ *		subscribe()'s name, topics, handler and group_id, into *a: the
+ *		caller (owner) must be allowed to execute the handler.
+ */
+static void
+check_names(FunctionCallInfo fcinfo, SubscribeArgs *a, Oid owner)
+{
+	int			i;
+
+	for (i = 0; i < 3; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be null", i == 0 ? "name" : i == 1 ? "topics" : "handler")));
+	a->name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (!name_is_valid(a->name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid subscription name \"%.100s\"", a->name),
+				 errdetail("A subscription name has 1 to %d characters from [a-z0-9_.-] and starts with a letter, digit or underscore.",
+						   OUTBOX_SUBSCRIPTION_NAME_MAX - 1)));
+	check_topics(PG_GETARG_ARRAYTYPE_P(1));
+	a->handler = PG_GETARG_OID(2);
+	a->handler_owner = check_handler_arg(a->handler, owner);
+
+	a->group_id = PG_ARGISNULL(3) ? a->name : text_to_cstring(PG_GETARG_TEXT_PP(3));
+	/* its dedupe rows are consumer 'outbox;<group_id>', of 200 characters at most */
+	if (strlen(a->group_id) < 1 ||
+		pg_mbstrlen_with_len(a->group_id, strlen(a->group_id)) > 193 ||
+		!pg_verify_mbstr(GetDatabaseEncoding(), a->group_id, strlen(a->group_id), true))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("group_id must have 1 to 193 characters")));
+}
+
+/*
+ * check_options
+ *		subscribe()'s start_from, max_attempts, poison_policy and
+ *		batch_size, into *a; then whether a slot is free for a worker.
+ */
+static void
+check_options(FunctionCallInfo fcinfo, SubscribeArgs *a)
+{
+	a->start_from = PG_ARGISNULL(4) ? "earliest" : text_to_cstring(PG_GETARG_TEXT_PP(4));
+	if (strcmp(a->start_from, "earliest") != 0 && strcmp(a->start_from, "latest") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("start_from must be 'earliest' or 'latest', not \"%.20s\"", a->start_from)));
+	if (!PG_ARGISNULL(5) && (PG_GETARG_INT32(5) < 1 || PG_GETARG_INT32(5) > OUTBOX_MAX_ATTEMPTS_LIMIT))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_attempts must be between 1 and %d", OUTBOX_MAX_ATTEMPTS_LIMIT)));
+	a->policy = PG_ARGISNULL(6) ? "block" : text_to_cstring(PG_GETARG_TEXT_PP(6));
+	if (strcmp(a->policy, "block") != 0 && strcmp(a->policy, "skip") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("poison_policy must be 'block' or 'skip', not \"%.20s\"", a->policy)));
+	a->batch_size = PG_ARGISNULL(7) ? 500 : PG_GETARG_INT32(7);
+	if (a->batch_size < 1 || a->batch_size > 10000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and 10000")));
+	if (OutboxShmemAvailable() && !OutboxInboxHasRoom(MyDatabaseId, a->name))
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("all %d subscription slots are taken", outbox_max_subscriptions),
+				 errhint("Raise outbox.max_subscriptions and restart the server.")));
+}
+
+/*
+ * insert_subscription
+ *		Insert the row of the checked arguments a, owned by owner, as the
+ *		extension's owner: after the group is claimed and the database's
+ *		limit checked, with outbox.subscriptions locked against another
+ *		subscribe() meanwhile.
+ */
+static void
+insert_subscription(FunctionCallInfo fcinfo, const SubscribeArgs *a, Oid owner)
+{
+	Oid			types[10] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID,
+	INT4OID, TEXTOID, INT4OID, OIDOID};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	OutboxAsOwner save;
+
+	args[0] = CStringGetTextDatum(a->name);
+	args[1] = PG_GETARG_DATUM(1);
+	/* schema-qualified: the worker finds it with an empty search_path */
+	args[2] = CStringGetTextDatum(format_procedure_qualified(a->handler));
+	args[3] = ObjectIdGetDatum(owner);
+	args[4] = CStringGetTextDatum(a->group_id);
+	args[5] = CStringGetTextDatum(a->start_from);
+	args[6] = PG_ARGISNULL(5) ? (Datum) 0 : Int32GetDatum(PG_GETARG_INT32(5));
+	if (PG_ARGISNULL(5))
+		nulls[6] = 'n';
+	args[7] = CStringGetTextDatum(a->policy);
+	args[8] = Int32GetDatum(a->batch_size);
+	args[9] = ObjectIdGetDatum(a->handler_owner);
+
+	OutboxAsOwnerBegin(&save);
+	SPI_connect();
+	/* two roles subscribing to one new group at once: one waits */
+	if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "locking the subscriptions failed");
+	claim_group(a->group_id, owner);
+	check_database_limit(a->name);
+	OutboxSpiExec("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
+				  " start_from, max_attempts, poison_policy, batch_size, handler_owner)"
+				  " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5,"
+				  " $6, $7, $8, $9, $10::pg_catalog.regrole)"
+				  " ON CONFLICT (name) DO NOTHING",
+				  10, types, args, nulls, false, 0, SPI_OK_INSERT, "inserting the subscription");
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("subscription \"%s\" already exists", a->name),
+				 errhint("Call outbox.unsubscribe('%s') first, in the same transaction to change it.", a->name)));
+	SPI_finish();
+	OutboxAsOwnerEnd(&save);
+}
+
 /*
  * outbox_subscribe
  *		SQL outbox.subscribe(name, topics, handler, group_id, start_from,
@@ -387,116 +448,21 @@ claim_group(const char *group_id, Oid caller)
 Datum
 outbox_subscribe(PG_FUNCTION_ARGS)
 {
-	char	   *name;
-	Oid			handler;
-	Oid			handler_owner;
-	char	   *group_id;
-	char	   *start_from;
-	char	   *policy;
-	int			batch_size;
-	int			i;
+	SubscribeArgs a;
 	Oid			owner = GetUserId();
-	OutboxAsOwner save;
-	Oid			types[10] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, TEXTOID, TEXTOID,
-	INT4OID, TEXTOID, INT4OID, OIDOID};
-	Datum		args[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	int			ret;
 
-	for (i = 0; i < 3; i++)
-		if (PG_ARGISNULL(i))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%s must not be null", i == 0 ? "name" : i == 1 ? "topics" : "handler")));
-	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (!name_is_valid(name))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid subscription name \"%.100s\"", name),
-				 errdetail("A subscription name has 1 to %d characters from [a-z0-9_.-] and starts with a letter, digit or underscore.",
-						   OUTBOX_SUBSCRIPTION_NAME_MAX - 1)));
-	check_topics(PG_GETARG_ARRAYTYPE_P(1));
-	handler = PG_GETARG_OID(2);
-	handler_owner = check_handler_arg(handler, owner);
-
-	group_id = PG_ARGISNULL(3) ? name : text_to_cstring(PG_GETARG_TEXT_PP(3));
-	/* its dedupe rows are consumer 'outbox;<group_id>', of 200 characters at most */
-	if (strlen(group_id) < 1 ||
-		pg_mbstrlen_with_len(group_id, strlen(group_id)) > 193 ||
-		!pg_verify_mbstr(GetDatabaseEncoding(), group_id, strlen(group_id), true))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("group_id must have 1 to 193 characters")));
-	start_from = PG_ARGISNULL(4) ? "earliest" : text_to_cstring(PG_GETARG_TEXT_PP(4));
-	if (strcmp(start_from, "earliest") != 0 && strcmp(start_from, "latest") != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("start_from must be 'earliest' or 'latest', not \"%.20s\"", start_from)));
-	if (!PG_ARGISNULL(5) && (PG_GETARG_INT32(5) < 1 || PG_GETARG_INT32(5) > OUTBOX_MAX_ATTEMPTS_LIMIT))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_attempts must be between 1 and %d", OUTBOX_MAX_ATTEMPTS_LIMIT)));
-	policy = PG_ARGISNULL(6) ? "block" : text_to_cstring(PG_GETARG_TEXT_PP(6));
-	if (strcmp(policy, "block") != 0 && strcmp(policy, "skip") != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("poison_policy must be 'block' or 'skip', not \"%.20s\"", policy)));
-	batch_size = PG_ARGISNULL(7) ? 500 : PG_GETARG_INT32(7);
-	if (batch_size < 1 || batch_size > 10000)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be between 1 and 10000")));
-	if (OutboxShmemAvailable() && !OutboxInboxHasRoom(MyDatabaseId, name))
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("all %d subscription slots are taken", outbox_max_subscriptions),
-				 errhint("Raise outbox.max_subscriptions and restart the server.")));
-
-	args[0] = CStringGetTextDatum(name);
-	args[1] = PG_GETARG_DATUM(1);
-	/* schema-qualified: the worker finds it with an empty search_path */
-	args[2] = CStringGetTextDatum(format_procedure_qualified(handler));
-	args[3] = ObjectIdGetDatum(owner);
-	args[4] = CStringGetTextDatum(group_id);
-	args[5] = CStringGetTextDatum(start_from);
-	args[6] = PG_ARGISNULL(5) ? (Datum) 0 : Int32GetDatum(PG_GETARG_INT32(5));
-	if (PG_ARGISNULL(5))
-		nulls[6] = 'n';
-	args[7] = CStringGetTextDatum(policy);
-	args[8] = Int32GetDatum(batch_size);
-	args[9] = ObjectIdGetDatum(handler_owner);
-
+	check_names(fcinfo, &a, owner);
+	check_options(fcinfo, &a);
 	if (!OidIsValid(get_relname_relid("inbox_groups", get_namespace_oid("outbox", false))))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s", OUTBOX_OLD_SQL_PROBLEM),
 				 errhint("Run ALTER EXTENSION outbox UPDATE in this database.")));
-	OutboxAsOwnerBegin(&save);
-	SPI_connect();
-	/* two roles subscribing to one new group at once: one waits */
-	if (SPI_execute("LOCK TABLE outbox.subscriptions IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
-		elog(ERROR, "locking the subscriptions failed");
-	claim_group(group_id, owner);
-	check_database_limit(name);
-	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, topics, handler, owner, group_id,"
-								" start_from, max_attempts, poison_policy, batch_size, handler_owner)"
-								" VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5,"
-								" $6, $7, $8, $9, $10::pg_catalog.regrole)"
-								" ON CONFLICT (name) DO NOTHING",
-								10, types, args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT)
-		elog(ERROR, "inserting the subscription failed: %s", SPI_result_code_string(ret));
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_DUPLICATE_OBJECT),
-				 errmsg("subscription \"%s\" already exists", name),
-				 errhint("Call outbox.unsubscribe('%s') first, in the same transaction to change it.", name)));
-	SPI_finish();
-	OutboxAsOwnerEnd(&save);
+	insert_subscription(fcinfo, &a, owner);
 	if (!OutboxShmemAvailable())
 		ereport(WARNING,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox is not in shared_preload_libraries: no worker will apply subscription \"%s\"", name),
+				 errmsg("outbox is not in shared_preload_libraries: no worker will apply subscription \"%s\"", a.name),
 				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
 	PG_RETURN_VOID();
 }
@@ -510,41 +476,38 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 static void
 purge_group(const char *group_id, Oid caller)
 {
-	Oid			types[1] = {TEXTOID};
-	Datum		args[1];
+	/* $1: the group; its ownership row goes last */
+	static const char *const group_state[] = {
+		"DELETE FROM outbox.inbox_offsets WHERE consumer_group OPERATOR(pg_catalog.=) $1",
+		"DELETE FROM outbox.inbox_dead_letters WHERE consumer_group OPERATOR(pg_catalog.=) $1",
+		"DELETE FROM outbox.inbox WHERE consumer OPERATOR(pg_catalog.=) ANY"
+		" (ARRAY['outbox:' OPERATOR(pg_catalog.||) $1, 'outbox;' OPERATOR(pg_catalog.||) $1])",
+		"DELETE FROM outbox.inbox_groups WHERE group_id OPERATOR(pg_catalog.=) $1",
+	};
 	bool		isnull;
+	int			i;
 
-	args[0] = CStringGetTextDatum(group_id);
-	if (SPI_execute_with_args("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
-							  " WHERE g.group_id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "reading the consumer group failed");
+	OutboxSpiExecText("SELECT g.owner::pg_catalog.oid FROM outbox.inbox_groups g"
+					  " WHERE g.group_id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+					  group_id, false, 1, SPI_OK_SELECT, "reading the consumer group");
 	if (SPI_processed > 0 &&
 		!has_privs_of_role(caller, DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
 																  SPI_tuptable->tupdesc, 1, &isnull))))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("must be a member of the role that owns consumer group \"%s\" to purge it", group_id)));
-	if (SPI_execute_with_args("SELECT s.name FROM outbox.subscriptions s"
-							  " WHERE s.group_id OPERATOR(pg_catalog.=) $1 ORDER BY s.name LIMIT 1",
-							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "reading the group's subscriptions failed");
+	OutboxSpiExecText("SELECT s.name FROM outbox.subscriptions s"
+					  " WHERE s.group_id OPERATOR(pg_catalog.=) $1 ORDER BY s.name LIMIT 1",
+					  group_id, false, 1, SPI_OK_SELECT, "reading the group's subscriptions");
 	if (SPI_processed > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
 				 errmsg("consumer group \"%s\" is still used by subscription \"%s\"", group_id,
 						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1)),
 				 errhint("Unsubscribe the group's other subscriptions first, or unsubscribe without purge.")));
-	if (SPI_execute_with_args("DELETE FROM outbox.inbox_offsets WHERE consumer_group OPERATOR(pg_catalog.=) $1",
-							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
-		SPI_execute_with_args("DELETE FROM outbox.inbox_dead_letters WHERE consumer_group OPERATOR(pg_catalog.=) $1",
-							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
-		SPI_execute_with_args("DELETE FROM outbox.inbox WHERE consumer OPERATOR(pg_catalog.=) ANY"
-							  " (ARRAY['outbox:' OPERATOR(pg_catalog.||) $1, 'outbox;' OPERATOR(pg_catalog.||) $1])",
-							  1, types, args, NULL, false, 0) != SPI_OK_DELETE ||
-		SPI_execute_with_args("DELETE FROM outbox.inbox_groups WHERE group_id OPERATOR(pg_catalog.=) $1",
-							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "removing the consumer group's state failed");
+	for (i = 0; i < lengthof(group_state); i++)
+		OutboxSpiExecText(group_state[i],
+						  group_id, false, 0, SPI_OK_DELETE, "removing the consumer group's state");
 }
 
 /*
@@ -557,8 +520,6 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 {
 	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	bool		purge = PG_NARGS() > 1 && PG_GETARG_BOOL(1);
-	Oid			types[1] = {TEXTOID};
-	Datum		args[1];
 	OutboxAsOwner save;
 	Oid			caller = GetUserId();
 	Oid			owner = InvalidOid;
@@ -566,13 +527,11 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	bool		isnull;
 	bool		found;
 
-	args[0] = CStringGetTextDatum(name);
 	OutboxAsOwnerBegin(&save);
 	SPI_connect();
-	if (SPI_execute_with_args("SELECT s.owner::pg_catalog.oid, s.group_id FROM outbox.subscriptions s"
-							  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-							  1, types, args, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "reading the subscription failed");
+	OutboxSpiExecText("SELECT s.owner::pg_catalog.oid, s.group_id FROM outbox.subscriptions s"
+					  " WHERE s.name OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+					  name, false, 1, SPI_OK_SELECT, "reading the subscription");
 	found = SPI_processed > 0;
 	if (found)
 	{
@@ -583,10 +542,9 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("must be a member of the role that owns subscription \"%s\"", name)));
-	if (found &&
-		SPI_execute_with_args("DELETE FROM outbox.subscriptions WHERE name OPERATOR(pg_catalog.=) $1",
-							  1, types, args, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "deleting the subscription failed");
+	if (found)
+		OutboxSpiExecText("DELETE FROM outbox.subscriptions WHERE name OPERATOR(pg_catalog.=) $1",
+						  name, false, 0, SPI_OK_DELETE, "deleting the subscription");
 	if (found && purge)
 		purge_group(group_id, caller);
 	SPI_finish();
@@ -617,13 +575,13 @@ seek_check(const char *name, const char *topic, Oid caller, OutboxAsOwner *save,
 	args[0] = CStringGetTextDatum(name);
 	args[1] = CStringGetTextDatum(topic);
 	/* FOR SHARE: the group's rows stay until commit */
-	if (SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid, s.group_id,"
-							  " s.name OPERATOR(pg_catalog.=) $1 AND $2 OPERATOR(pg_catalog.=) ANY (s.topics)"
-							  " FROM outbox.subscriptions s WHERE s.group_id OPERATOR(pg_catalog.=) ("
-							  "  SELECT g.group_id FROM outbox.subscriptions g WHERE g.name OPERATOR(pg_catalog.=) $1)"
-							  " ORDER BY s.name FOR SHARE",
-							  2, types, args, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "reading the subscription's group failed");
+	OutboxSpiExec("SELECT s.name, s.owner::pg_catalog.oid, s.group_id,"
+				  " s.name OPERATOR(pg_catalog.=) $1 AND $2 OPERATOR(pg_catalog.=) ANY (s.topics)"
+				  " FROM outbox.subscriptions s WHERE s.group_id OPERATOR(pg_catalog.=) ("
+				  "  SELECT g.group_id FROM outbox.subscriptions g WHERE g.name OPERATOR(pg_catalog.=) $1)"
+				  " ORDER BY s.name FOR SHARE",
+				  2, types, args, NULL, false, 0, SPI_OK_SELECT,
+				  "reading the subscription's group");
 	for (i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	t = SPI_tuptable->vals[i];
@@ -699,12 +657,11 @@ outbox_subscription_seek(PG_FUNCTION_ARGS)
 	args[1] = CStringGetTextDatum(topic);
 	args[2] = Int32GetDatum(PG_GETARG_INT32(2));
 	args[3] = Int64GetDatum(PG_GETARG_INT64(3));
-	if (SPI_execute_with_args("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
-							  " VALUES ($1, $2, $3, $4) ON CONFLICT (consumer_group, topic, kafka_partition)"
-							  " DO UPDATE SET next_offset = excluded.next_offset, updated_at = pg_catalog.now(),"
-							  " stopped_at = NULL",
-							  4, types, args, NULL, false, 0) != SPI_OK_INSERT)
-		elog(ERROR, "setting the next offset failed");
+	OutboxSpiExec("INSERT INTO outbox.inbox_offsets (consumer_group, topic, kafka_partition, next_offset)"
+				  " VALUES ($1, $2, $3, $4) ON CONFLICT (consumer_group, topic, kafka_partition)"
+				  " DO UPDATE SET next_offset = excluded.next_offset, updated_at = pg_catalog.now(),"
+				  " stopped_at = NULL",
+				  4, types, args, NULL, false, 0, SPI_OK_INSERT, "setting the next offset");
 	SPI_finish();
 	OutboxAsOwnerEnd(&save);
 	PG_RETURN_VOID();
