@@ -82,7 +82,6 @@
 
 #include "compat.h"
 #include "outbox.h"
-#include "store.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
@@ -930,35 +929,6 @@ insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 }
 
 /*
- * The statements emit() may run (the fallbacks of its direct paths, and
- * the upsert of an aggregate's first counter row) each run with
- * search_path pinned to pg_catalog, pg_temp: OutboxEmitPinSearchPath()
- * before preparing and running one, OutboxEmitUnpin() with its result
- * after (an error leaves that to the (sub)transaction's abort).  emit()
- * itself is not SECURITY DEFINER with a SET clause, whose setting and
- * resetting of search_path at every call cost more than the rest of a
- * direct call's bookkeeping; its direct paths resolve no name.  Per
- * statement, not per call: an emit() inside a trigger its own INSERT fires
- * nests its levels inside.
- */
-int
-OutboxEmitPinSearchPath(void)
-{
-	int			level = NewGUCNestLevel();
-
-	(void) set_config_option("search_path", "pg_catalog, pg_temp",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
-	return level;
-}
-
-void
-OutboxEmitUnpin(int level)
-{
-	AtEOXact_GUC(true, level);
-}
-
-/*
  * insert_row
  *		The event row of values/nulls, directly or, when the table is not
  *		the one the direct insert knows, by the INSERT statement.
@@ -980,21 +950,21 @@ insert_row(Datum *values, char *nulls)
 	}
 	table_close(rel, NoLock);
 
-	level = OutboxEmitPinSearchPath();
+	level = OutboxPinSearchPath();
 	if (event_insert_plan == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
 		TIMESTAMPTZOID, INT8OID};
 
-		event_insert_plan = OutboxStorePrepare(event_insert_sql, EMIT_NARGS,
+		event_insert_plan = OutboxSpiPrepare(event_insert_sql, EMIT_NARGS,
 											   argtypes, "the outbox insert");
 	}
 	rc = SPI_execute_plan(event_insert_plan, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	OutboxEmitUnpin(level);
+	OutboxUnpinSearchPath(level);
 }
 
 /*
@@ -1385,23 +1355,22 @@ take_seq(text *aggregate_type, text *aggregate_id, int64 *seq)
 			break;
 	}
 
-	level = OutboxEmitPinSearchPath();
+	level = OutboxPinSearchPath();
 	if (counter_update_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
-		counter_update_plan = OutboxStorePrepare(counter_update_sql, 2,
+		counter_update_plan = OutboxSpiPrepare(counter_update_sql, 2,
 												 argtypes, "the counter row's update");
 	}
 	rc = SPI_execute_plan(counter_update_plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING || SPI_processed > 1)
 		elog(ERROR, "outbox counter update returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	OutboxEmitUnpin(level);
+	OutboxUnpinSearchPath(level);
 	if (SPI_processed == 0)
 		return false;
-	*seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
+	*seq = DatumGetInt64(OutboxSpiValue(1, &isnull));
 	return true;
 }
 
@@ -1500,8 +1469,10 @@ emit_owner(FunctionCallInfo fcinfo)
  * Returns the event id.  Runs as the function's owner, the extension's,
  * so that callers need EXECUTE on it and nothing on the tables: it switches
  * to the owner itself, as SECURITY DEFINER would (through 1.6 it was), and
- * pins search_path only for the statements it runs
- * (OutboxEmitPinSearchPath).  An error leaves the user to the abort of the
+ * pins search_path only for the statements it runs (OutboxPinSearchPath):
+ * a SET clause's setting and resetting of search_path at every call cost
+ * more than the rest of a direct call's bookkeeping, and the direct paths
+ * resolve no name.  An error leaves the user to the abort of the
  * (sub)transaction, as fmgr_security_definer() does.  Validate, resolve
  * the topic, insert: in that order, which is the order of the errors a
  * user sees.

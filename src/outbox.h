@@ -16,6 +16,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "nodes/pg_list.h"
 #include "storage/buf.h"
@@ -145,6 +146,13 @@ typedef struct OutboxStandbySlotList
 
 extern const OutboxStandbySlotList *outbox_standby_slot_list;
 
+/* common_spi.c: the extension's own statements, search_path pinned */
+extern int	OutboxPinSearchPath(void);
+extern void OutboxUnpinSearchPath(int level);
+extern SPIPlanPtr OutboxSpiPrepare(const char *sql, int nargs, Oid *types,
+								   const char *what);
+extern Datum OutboxSpiValue(int col, bool *isnull);
+
 /* relay_standby.c */
 extern OutboxStandbySlotList *OutboxStandbySlotsParse(const char *value, char **bad);
 
@@ -170,8 +178,6 @@ extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
 extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 								int64 seq);
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
-extern int	OutboxEmitPinSearchPath(void);
-extern void OutboxEmitUnpin(int level);
 
 /* counter.c: where counter rows were last seen, for emit() */
 extern void OutboxCounterShmemRequest(void);

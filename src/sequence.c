@@ -49,7 +49,6 @@
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
-#include "store.h"
 
 /*
  * The aggregate's first event ever, or one whose first emitter has not
@@ -297,12 +296,12 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	int64		seq;
 	int			level;
 
-	level = OutboxEmitPinSearchPath();
+	level = OutboxPinSearchPath();
 	if (create_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
-		create_plan = OutboxStorePrepare(create_sql, 2, argtypes,
+		create_plan = OutboxSpiPrepare(create_sql, 2, argtypes,
 										 "the counter upsert");
 	}
 	values[0] = PointerGetDatum(aggregate_type);
@@ -311,9 +310,8 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox counter upsert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	OutboxEmitUnpin(level);
-	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
+	OutboxUnpinSearchPath(level);
+	seq = DatumGetInt64(OutboxSpiValue(1, &isnull));
 	OutboxSequenceEnter(aggregate_type, aggregate_id, seq);
 	return seq;
 }
@@ -356,7 +354,7 @@ seq_flush_plan(void)
 	{
 		Oid			argtypes[3] = {TEXTOID, TEXTOID, INT8OID};
 
-		flush_plan = OutboxStorePrepare(flush_sql, 3, argtypes,
+		flush_plan = OutboxSpiPrepare(flush_sql, 3, argtypes,
 										"the counter update");
 	}
 	return flush_plan;
@@ -395,7 +393,7 @@ seq_flush(void)
 			SetUserIdAndSecContext(seq_owner, save_sec_context |
 								   SECURITY_LOCAL_USERID_CHANGE |
 								   SECURITY_RESTRICTED_OPERATION);
-			level = OutboxEmitPinSearchPath();
+			level = OutboxPinSearchPath();
 			/* portals are closed by now: the update needs its own snapshot */
 			PushActiveSnapshot(GetTransactionSnapshot());
 			if (SPI_connect() != SPI_OK_CONNECT)
@@ -417,7 +415,7 @@ seq_flush(void)
 	{
 		SPI_finish();
 		PopActiveSnapshot();
-		OutboxEmitUnpin(level);
+		OutboxUnpinSearchPath(level);
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
 }
