@@ -8,9 +8,9 @@
  * Invariants:
  *	- seq is gapless and in commit order per aggregate.  The transaction's
  *	  first event of an aggregate takes its seq from the aggregate's
- *	  counter row in outbox.aggregates: emit.c's insert has the row's
- *	  update as its source, so the row is locked before the event row's
- *	  id is drawn.  Emitters of one aggregate therefore queue on that row
+ *	  counter row in outbox.aggregates, which emit_counter.c updates
+ *	  before emit_direct.c inserts the event, so the row is locked before
+ *	  the event row's id is drawn.  Emitters of one aggregate therefore queue on that row
  *	  lock, and for one aggregate id order, seq order and commit order are
  *	  the same.
  *	- That is a plain UPDATE; only when it finds no row (the aggregate's
@@ -282,8 +282,8 @@ OutboxSequenceEnter(text *aggregate_type, text *aggregate_id, int64 seq)
 
 /*
  * OutboxSequenceCreate
- *		The seq of an aggregate's event when emit.c's update found no
- *		counter row: make the row, which locks it until the transaction
+ *		The seq of an aggregate's event when emit_counter.c's update found
+ *		no counter row: make the row, which locks it until the transaction
  *		ends, and enter the aggregate in the table.  The caller is
  *		connected to SPI, as a user that may write outbox.aggregates.
  */
