@@ -2,7 +2,7 @@
 
 EXTENSION = outbox
 MODULE_big = outbox
-OBJS = src/common_spi.o src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o src/emit_check.o src/emit_counter.o src/emit_direct.o src/emit_table.o src/emit_uuid.o \
+OBJS = src/common_spi.o src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o src/emit_check.o src/emit_counter.o src/emit_direct.o src/emit_table.o src/emit_uuid.o src/status_health.o src/status_metrics.o \
 	src/topic.o src/sequence.o src/counter.o src/launcher.o src/launcher_consumers.o src/relay.o src/relay_round.o \
 	src/relay_page.o src/relay_hold.o src/relay_standby.o src/message.o src/store.o src/store_dead.o \
 	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \

@@ -330,6 +330,32 @@ extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);
 extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
 
+/*
+ * status.c, status_metrics.c, status_health.c: everything status(),
+ * metrics() and health() report, in one place (OutboxStatusTake)
+ */
+typedef struct OutboxStatusSnapshot
+{
+	OutboxSlotView slot;		/* a copy of the relay's slot */
+	bool		running;		/* a relay process is attached */
+	int64		backlog;
+	double		oldest_age;		/* seconds, < 0 when nothing is pending */
+	int64		quarantined;
+	int64		parked;
+	int64		queued;			/* replay queue and unjudged restored events */
+	int64		held_events;	/* rows of outbox.held */
+	int			held_partitions;
+	double		held_age;		/* seconds since the oldest hold began, < 0 none */
+	double		held_oldest_age;	/* age of the oldest held event, < 0 none */
+	char	   *held_metrics;	/* their outbox_held_events samples (labels
+								 * after the database's) */
+	char	   *oldest_hold;	/* "topic[partition]" of the oldest hold */
+	char	   *no_relay;		/* why no relay runs, when none does */
+} OutboxStatusSnapshot;
+
+extern void OutboxStatusTake(OutboxStatusSnapshot *snap);
+extern const char *OutboxStatusStateName(const OutboxStatusSnapshot *snap);
+
 /* handoff.c: the launcher's sign-on, probe requests and answers, prepared counts */
 #define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
 /* probe workers: does a database have the extension? */
