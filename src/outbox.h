@@ -73,8 +73,8 @@
  * The Kafka headers the relay writes itself, in the order it writes them
  * (kafka.c), before the caller's.  emit() refuses caller headers of these
  * names (OutboxCheckHeaderName, message.c): a reader taking the last header
- * of a name would see the caller's.  Names are in OutboxHeaderNames; add a
- * new one here and there.
+ * of a name would see the caller's.  Names are in OutboxHeaderNames, in
+ * this order; add a new one here and there, at the same place.
  */
 typedef enum OutboxHeader
 {
