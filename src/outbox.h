@@ -60,7 +60,7 @@
 
 #define OUTBOX_TOPIC_MAX_LEN		249
 
-/* caller headers of one event (emit_check.c): how many, and bytes of names+values */
+/* caller headers of an event (emit_check.c): how many, bytes of names+values */
 #define OUTBOX_CALLER_HEADERS_MAX	64
 #define OUTBOX_CALLER_HEADER_BYTES_MAX (16 * 1024)
 /* characters of one caller header's name (message.c) */
@@ -181,7 +181,7 @@ extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 								int64 seq);
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
 
-/* emit_counter.c: the transaction's first seq of an aggregate, from its counter row */
+/* emit_counter.c: a transaction's first seq of an aggregate, from its row */
 extern bool OutboxEmitTakeSeq(text *aggregate_type, text *aggregate_id,
 							  int64 *seq);
 

@@ -10,9 +10,9 @@
  *	  first event of an aggregate takes its seq from the aggregate's
  *	  counter row in outbox.aggregates, which emit_counter.c updates
  *	  before emit_direct.c inserts the event, so the row is locked before
- *	  the event row's id is drawn.  Emitters of one aggregate therefore queue on that row
- *	  lock, and for one aggregate id order, seq order and commit order are
- *	  the same.
+ *	  the event row's id is drawn.  Emitters of one aggregate therefore
+ *	  queue on that row lock, and for one aggregate id order, seq order and
+ *	  commit order are the same.
  *	- That is a plain UPDATE; only when it finds no row (the aggregate's
  *	  first event ever, or one whose first emitter has not committed) does
  *	  OutboxSequenceCreate upsert it.  An upsert that finds the row locks
@@ -302,7 +302,7 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
 		create_plan = OutboxSpiPrepare(create_sql, 2, argtypes,
-										 "the counter upsert");
+									   "the counter upsert");
 	}
 	values[0] = PointerGetDatum(aggregate_type);
 	values[1] = PointerGetDatum(aggregate_id);
@@ -355,7 +355,7 @@ seq_flush_plan(void)
 		Oid			argtypes[3] = {TEXTOID, TEXTOID, INT8OID};
 
 		flush_plan = OutboxSpiPrepare(flush_sql, 3, argtypes,
-										"the counter update");
+									  "the counter update");
 	}
 	return flush_plan;
 }
