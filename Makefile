@@ -2,12 +2,8 @@
 
 EXTENSION = outbox
 MODULE_big = outbox
-OBJS = src/outbox.o src/shmem.o src/handoff.o src/utility.o src/emit.o \
-	src/topic.o src/sequence.o src/counter.o src/launcher.o src/launcher_consumers.o src/launcher_relays.o src/relay.o src/relay_round.o \
-	src/relay_page.o src/relay_hold.o src/relay_standby.o src/relay_state.o src/relay_producer.o src/message.o src/store.o src/store_dead.o \
-	src/store_upkeep.o src/store_held.o src/kafka.o src/kafka_topic.o \
-	src/kafka_settings.o src/status.o src/probe.o src/inbox_shmem.o \
-	src/subscribe.o src/subscription_status.o src/consumer.o src/consumer_range.o src/kafka_consumer.o src/consumer_worker.o src/consumer_message.o src/consumer_subscription.o src/consumer_dead.o src/consumer_offsets.o src/consumer_apply.o src/consumer_batch.o src/consumer_replay.o src/subscribe_handler.o src/spi_exec.o src/worker.o
+# every C file of src/ and its folders
+OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c src/*/*.c)))
 
 # the frozen 1.0 script and the upgrade chain as they are; the current
 # version's script built from sql/outbox.sql (the version read from

@@ -3,14 +3,14 @@
  * counter.c
  *		Where each aggregate's counter row in outbox.aggregates was last
  *		seen: the root of its HOT chain (block, offset) and the shared
- *		buffer that held the block.  emit.c looks a counter row up here
- *		before it descends the primary key.
+ *		buffer that held the block.  emit_counter.c looks a counter row up
+ *		here before it descends the primary key.
  *
  * A counter row is updated once per transaction and almost always stays on
  * its page (HOT), so its root line pointer stays put; the btree descent
  * that finds it again is a third of what the sequence costs an emit().
- * Remembering the root lets emit.c pin the buffer with ReadRecentBuffer()
- * and walk the chain directly.
+ * Remembering the root lets emit_counter.c pin the buffer with
+ * ReadRecentBuffer() and walk the chain directly.
  *
  * Invariants:
  *	- A slot is a hint, never an answer.  It may be stale (the row was
@@ -21,8 +21,9 @@
  *	  it still holds that block of the table's current file, so no block
  *	  past the end is ever read; heap_hot_search_buffer() refuses a line
  *	  pointer that is not a chain's root; the row found must be visible
- *	  and carry the aggregate's key (emit.c's counter_is).  Any doubt sends
- *	  the caller to the primary key, which is what it did before.
+ *	  and carry the aggregate's key (emit_counter.c's counter_is).  Any
+ *	  doubt sends the caller to the primary key, which is what it did
+ *	  before.
  *	- A slot's words are atomics: a reader sees a value some writer wrote,
  *	  never half of one.  Buffers written are valid shared buffers, so a
  *	  torn pair still names a real buffer and a real block.

@@ -31,20 +31,16 @@
 
 /*
  * The relay's own Kafka headers, named once for the relay (OutboxProducerSend)
- * and for emit(), which refuses caller headers of these names.
+ * and for emit(), which refuses caller headers of these names; in the order
+ * of OutboxHeader, which the compiler holds to the count of its members.
  */
-const char *const OutboxHeaderNames[OUTBOX_NUM_HEADERS] = {
-	[OUTBOX_HEADER_ID] = "id",
-	[OUTBOX_HEADER_EVENT_TYPE] = "event_type",
-	[OUTBOX_HEADER_AGGREGATE_TYPE] = "aggregate_type",
-	[OUTBOX_HEADER_AGGREGATE_ID] = "aggregate_id",
-	[OUTBOX_HEADER_SEQ] = "seq",
-	[OUTBOX_HEADER_SCHEMA_VERSION] = "schema_version",
-	[OUTBOX_HEADER_OCCURRED_AT] = "occurred_at",
-	[OUTBOX_HEADER_TRACEPARENT] = "traceparent",
-	[OUTBOX_HEADER_TENANT] = "tenant",
-	[OUTBOX_HEADER_ORIGIN] = "origin",
+const char *const OutboxHeaderNames[] = {
+	"id", "event_type", "aggregate_type", "aggregate_id", "seq",
+	"schema_version", "occurred_at", "traceparent", "tenant", "origin",
 };
+
+StaticAssertDecl(lengthof(OutboxHeaderNames) == OUTBOX_NUM_HEADERS,
+				 "a relay header has no name, or a name no header");
 
 /*
  * Per-record overhead librdkafka adds before comparing a message with

@@ -24,33 +24,45 @@
 
 PG_MODULE_MAGIC;
 
+/*
+ * The settings.  Each one's default is written once, as the boot value of
+ * its definition below, which sets the variable when _PG_init runs; the
+ * variables have no initializer of their own.  Only the two defined while
+ * preloading alone, read without the preload too, and what assign hooks
+ * derive start from their defaults here.
+ */
+
 /* what emit() writes */
-char	   *outbox_topic_template = NULL;
-bool		outbox_aggregate_sequence = true;
-int			outbox_max_payload_bytes = OUTBOX_MAX_PAYLOAD_DEFAULT;
-char	   *outbox_traceparent = NULL;
-char	   *outbox_tenant = NULL;
-char	   *outbox_allowed_topics = NULL;
+char	   *outbox_topic_template;
+bool		outbox_aggregate_sequence;
+int			outbox_max_payload_bytes;
+char	   *outbox_traceparent;
+char	   *outbox_tenant;
+char	   *outbox_allowed_topics;
 
 /* Kafka */
-char	   *outbox_kafka_brokers = NULL;
-char	   *outbox_kafka_config = NULL;
-char	   *outbox_kafka_secrets_file = NULL;
-int			outbox_kafka_message_max_bytes = OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT;
+char	   *outbox_kafka_brokers;
+char	   *outbox_kafka_config;
+char	   *outbox_kafka_secrets_file;
 
 /* how the relays read, wait and clean up */
-int			outbox_batch_size = OUTBOX_BATCH_SIZE_DEFAULT;
-int			outbox_batch_max_bytes = OUTBOX_BATCH_MAX_BYTES_DEFAULT;
-int			outbox_poll_interval = OUTBOX_POLL_INTERVAL_DEFAULT;
-bool		outbox_enabled = true;
-int			outbox_shutdown_timeout = OUTBOX_SHUTDOWN_TIMEOUT_DEFAULT;
-int			outbox_kafka_idle_timeout = OUTBOX_KAFKA_IDLE_TIMEOUT_DEFAULT;
+int			outbox_batch_size;
+int			outbox_batch_max_bytes;
+int			outbox_poll_interval;
+bool		outbox_enabled;
+int			outbox_shutdown_timeout;
+int			outbox_kafka_idle_timeout;
+int			outbox_max_subscriptions_per_database;
+int			outbox_retention;
+int			outbox_inbox_retention;
+char	   *outbox_synchronized_standby_slots;
+
+/* sized at start: defined only while preloading */
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
 int			outbox_max_subscriptions = OUTBOX_MAX_SUBSCRIPTIONS_DEFAULT;
-int			outbox_max_subscriptions_per_database = OUTBOX_MAX_SUBSCRIPTIONS_PER_DATABASE_DEFAULT;
-int			outbox_retention = OUTBOX_RETENTION_DEFAULT;
-int			outbox_inbox_retention = OUTBOX_INBOX_RETENTION_DEFAULT;
-char	   *outbox_synchronized_standby_slots = NULL;
+
+/* what the assign hooks derive: librdkafka's limit, the standbys' slots */
+int			outbox_kafka_message_max_bytes = OUTBOX_KAFKA_MESSAGE_MAX_DEFAULT;
 const OutboxStandbySlotList *outbox_standby_slot_list = NULL;
 
 /* failures, and the values of outbox.poison_policy */
@@ -60,12 +72,12 @@ static const struct config_enum_entry poison_policy_options[] = {
 	{NULL, 0, false}
 };
 
-int			outbox_retry_backoff_min = OUTBOX_BACKOFF_MIN_DEFAULT;
-int			outbox_retry_backoff_max = OUTBOX_BACKOFF_MAX_DEFAULT;
-int			outbox_delivery_timeout = OUTBOX_DELIVERY_TIMEOUT_DEFAULT;
-int			outbox_hold_after = OUTBOX_HOLD_AFTER_DEFAULT;
-int			outbox_max_attempts = OUTBOX_MAX_ATTEMPTS_DEFAULT;
-int			outbox_poison_policy = OUTBOX_POISON_BLOCK;
+int			outbox_retry_backoff_min;
+int			outbox_retry_backoff_max;
+int			outbox_delivery_timeout;
+int			outbox_hold_after;
+int			outbox_max_attempts;
+int			outbox_poison_policy;
 
 void		_PG_init(void);
 

@@ -16,13 +16,17 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "executor/spi.h"
+#include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "nodes/pg_list.h"
 #include "storage/buf.h"
 #include "storage/itemptr.h"
 #include "storage/latch.h"
+#include "utils/jsonb.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
+#include "utils/uuid.h"
 
 /* Bounds of the integer settings, named so the check hooks and docs agree */
 #define OUTBOX_MAX_PAYLOAD_DEFAULT	(1024 * 1024)
@@ -56,7 +60,7 @@
 
 #define OUTBOX_TOPIC_MAX_LEN		249
 
-/* caller headers of one event (emit.c): how many, and bytes of names+values */
+/* caller headers of an event (emit_check.c): how many, bytes of names+values */
 #define OUTBOX_CALLER_HEADERS_MAX	64
 #define OUTBOX_CALLER_HEADER_BYTES_MAX (16 * 1024)
 /* characters of one caller header's name (message.c) */
@@ -69,8 +73,8 @@
  * The Kafka headers the relay writes itself, in the order it writes them
  * (kafka.c), before the caller's.  emit() refuses caller headers of these
  * names (OutboxCheckHeaderName, message.c): a reader taking the last header
- * of a name would see the caller's.  Names are in OutboxHeaderNames; add a
- * new one here and there.
+ * of a name would see the caller's.  Names are in OutboxHeaderNames, in
+ * this order; add a new one here and there, at the same place.
  */
 typedef enum OutboxHeader
 {
@@ -145,11 +149,17 @@ typedef struct OutboxStandbySlotList
 
 extern const OutboxStandbySlotList *outbox_standby_slot_list;
 
+/* common_spi.c: the extension's own statements, search_path pinned */
+extern int	OutboxPinSearchPath(void);
+extern void OutboxUnpinSearchPath(int level);
+extern SPIPlanPtr OutboxSpiPrepare(const char *sql, int nargs, Oid *types,
+								   const char *what);
+extern Datum OutboxSpiValue(int col, bool *isnull);
+
 /* relay_standby.c */
 extern OutboxStandbySlotList *OutboxStandbySlotsParse(const char *value, char **bad);
 
-/* emit.c */
-extern bool OutboxTraceparentIsValid(const char *value);
+/* emit.c: outbox.emit(), and the relay woken at commit */
 extern void OutboxEmitInit(void);
 
 /* topic.c: topic names, template and allowed patterns, for emit() */
@@ -170,8 +180,28 @@ extern void OutboxSequenceGiven(OutboxSequenceEntry *entry, int64 seq);
 extern void OutboxSequenceEnter(text *aggregate_type, text *aggregate_id,
 								int64 seq);
 extern int64 OutboxSequenceCreate(text *aggregate_type, text *aggregate_id);
-extern int	OutboxEmitPinSearchPath(void);
-extern void OutboxEmitUnpin(int level);
+
+/* emit_counter.c: a transaction's first seq of an aggregate, from its row */
+extern bool OutboxEmitTakeSeq(text *aggregate_type, text *aggregate_id,
+							  int64 *seq);
+
+/* emit_table.c: the tables emit() writes without a statement */
+typedef enum OutboxEmitTable
+{
+	OUTBOX_EMIT_EVENTS,			/* outbox.events */
+	OUTBOX_EMIT_AGGREGATES,		/* outbox.aggregates */
+	OUTBOX_EMIT_NTABLES
+} OutboxEmitTable;
+
+extern Relation OutboxEmitOpenTable(OutboxEmitTable which);
+extern bool OutboxEmitTableKnown(OutboxEmitTable which, Relation rel);
+extern uint64 OutboxEmitTableStamp(void);
+extern void OutboxEmitTableJudged(OutboxEmitTable which, Relation rel,
+								  uint64 stamp);
+extern bool OutboxEmitPlainIndexes(Relation rel);
+
+/* emit_uuid.c: event ids */
+extern void OutboxGenerateUuidV7(pg_uuid_t *uuid);
 
 /* counter.c: where counter rows were last seen, for emit() */
 extern void OutboxCounterShmemRequest(void);
@@ -300,6 +330,32 @@ extern bool OutboxSlotTakeExtensionCheck(OutboxSlot *slot);
 extern void OutboxTallyAdd(OutboxDeliveryTally *tally, int64 latency_us, int bytes);
 extern void OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *report);
 
+/*
+ * status.c, status_metrics.c, status_health.c: everything status(),
+ * metrics() and health() report, in one place (OutboxStatusTake)
+ */
+typedef struct OutboxStatusSnapshot
+{
+	OutboxSlotView slot;		/* a copy of the relay's slot */
+	bool		running;		/* a relay process is attached */
+	int64		backlog;
+	double		oldest_age;		/* seconds, < 0 when nothing is pending */
+	int64		quarantined;
+	int64		parked;
+	int64		queued;			/* replay queue and unjudged restored events */
+	int64		held_events;	/* rows of outbox.held */
+	int			held_partitions;
+	double		held_age;		/* seconds since the oldest hold began, < 0 none */
+	double		held_oldest_age;	/* age of the oldest held event, < 0 none */
+	char	   *held_metrics;	/* their outbox_held_events samples (labels
+								 * after the database's) */
+	char	   *oldest_hold;	/* "topic[partition]" of the oldest hold */
+	char	   *no_relay;		/* why no relay runs, when none does */
+} OutboxStatusSnapshot;
+
+extern void OutboxStatusTake(OutboxStatusSnapshot *snap);
+extern const char *OutboxStatusStateName(const OutboxStatusSnapshot *snap);
+
 /* handoff.c: the launcher's sign-on, probe requests and answers, prepared counts */
 #define OUTBOX_MAX_REQUESTS			64	/* probe requests waiting */
 /* probe workers: does a database have the extension? */
@@ -405,6 +461,35 @@ extern void OutboxSetOrigin(const char *value);
 /* the origin header's value: a UUID's text (message.c) */
 #define OUTBOX_ORIGIN_MAX 36
 extern void OutboxCheckHeaderName(const char *name);
+
+/*
+ * One event on its way into outbox.events (emit.c): the arguments as
+ * checked, and event, what the relay will send, as far as the size check
+ * counts it.  Everything is palloc'd in the caller's context or points into
+ * its arguments.
+ */
+typedef struct OutboxEmitRow
+{
+	text	   *aggregate_type;
+	text	   *aggregate_id;
+	text	   *event_type;
+	Jsonb	   *payload;
+	Jsonb	   *headers;		/* NULL: none */
+	char	   *topic;
+	text	   *key;			/* the aggregate id when none was given */
+	pg_uuid_t  *event_id;
+	TimestampTz occurred_at;
+	OutboxEvent event;
+} OutboxEmitRow;
+
+/* emit_check.c: emit()'s arguments, each hostile input */
+extern bool OutboxTraceparentIsValid(const char *value);
+extern void OutboxEmitCheckContent(FunctionCallInfo fcinfo, OutboxEmitRow *row);
+extern void OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row);
+extern void OutboxEmitCheckSize(const OutboxEvent *event);
+
+/* emit_direct.c: the event row, written as the INSERT would write it */
+extern void OutboxEmitInsert(OutboxEmitRow *row);
 
 /* kafka_settings.c: the rules kafka.c applies to librdkafka's settings */
 typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,

@@ -8,11 +8,11 @@
  * Invariants:
  *	- seq is gapless and in commit order per aggregate.  The transaction's
  *	  first event of an aggregate takes its seq from the aggregate's
- *	  counter row in outbox.aggregates: emit.c's insert has the row's
- *	  update as its source, so the row is locked before the event row's
- *	  id is drawn.  Emitters of one aggregate therefore queue on that row
- *	  lock, and for one aggregate id order, seq order and commit order are
- *	  the same.
+ *	  counter row in outbox.aggregates, which emit_counter.c updates
+ *	  before emit_direct.c inserts the event, so the row is locked before
+ *	  the event row's id is drawn.  Emitters of one aggregate therefore
+ *	  queue on that row lock, and for one aggregate id order, seq order and
+ *	  commit order are the same.
  *	- That is a plain UPDATE; only when it finds no row (the aggregate's
  *	  first event ever, or one whose first emitter has not committed) does
  *	  OutboxSequenceCreate upsert it.  An upsert that finds the row locks
@@ -49,7 +49,6 @@
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
-#include "store.h"
 
 /*
  * The aggregate's first event ever, or one whose first emitter has not
@@ -283,8 +282,8 @@ OutboxSequenceEnter(text *aggregate_type, text *aggregate_id, int64 seq)
 
 /*
  * OutboxSequenceCreate
- *		The seq of an aggregate's event when emit.c's update found no
- *		counter row: make the row, which locks it until the transaction
+ *		The seq of an aggregate's event when emit_counter.c's update found
+ *		no counter row: make the row, which locks it until the transaction
  *		ends, and enter the aggregate in the table.  The caller is
  *		connected to SPI, as a user that may write outbox.aggregates.
  */
@@ -297,13 +296,13 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	int64		seq;
 	int			level;
 
-	level = OutboxEmitPinSearchPath();
+	level = OutboxPinSearchPath();
 	if (create_plan == NULL)
 	{
 		Oid			argtypes[2] = {TEXTOID, TEXTOID};
 
-		create_plan = OutboxStorePrepare(create_sql, 2, argtypes,
-										 "the counter upsert");
+		create_plan = OutboxSpiPrepare(create_sql, 2, argtypes,
+									   "the counter upsert");
 	}
 	values[0] = PointerGetDatum(aggregate_type);
 	values[1] = PointerGetDatum(aggregate_id);
@@ -311,9 +310,8 @@ OutboxSequenceCreate(text *aggregate_type, text *aggregate_id)
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox counter upsert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
-	OutboxEmitUnpin(level);
-	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
+	OutboxUnpinSearchPath(level);
+	seq = DatumGetInt64(OutboxSpiValue(1, &isnull));
 	OutboxSequenceEnter(aggregate_type, aggregate_id, seq);
 	return seq;
 }
@@ -356,8 +354,8 @@ seq_flush_plan(void)
 	{
 		Oid			argtypes[3] = {TEXTOID, TEXTOID, INT8OID};
 
-		flush_plan = OutboxStorePrepare(flush_sql, 3, argtypes,
-										"the counter update");
+		flush_plan = OutboxSpiPrepare(flush_sql, 3, argtypes,
+									  "the counter update");
 	}
 	return flush_plan;
 }
@@ -395,7 +393,7 @@ seq_flush(void)
 			SetUserIdAndSecContext(seq_owner, save_sec_context |
 								   SECURITY_LOCAL_USERID_CHANGE |
 								   SECURITY_RESTRICTED_OPERATION);
-			level = OutboxEmitPinSearchPath();
+			level = OutboxPinSearchPath();
 			/* portals are closed by now: the update needs its own snapshot */
 			PushActiveSnapshot(GetTransactionSnapshot());
 			if (SPI_connect() != SPI_OK_CONNECT)
@@ -417,7 +415,7 @@ seq_flush(void)
 	{
 		SPI_finish();
 		PopActiveSnapshot();
-		OutboxEmitUnpin(level);
+		OutboxUnpinSearchPath(level);
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
 }
