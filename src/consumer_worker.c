@@ -139,7 +139,7 @@ OutboxSubscriberPreparePlans(Worker *w)
 
 		for (j = 0; j < spec->nargs; j++)
 			types[j] = OidIsValid(spec->types[j]) ? spec->types[j] : w->typid;
-		w->plans[i] = OutboxStorePrepare(spec->sql, spec->nargs, types,
+		w->plans[i] = OutboxSpiPrepare(spec->sql, spec->nargs, types,
 										 psprintf("the statement %s", spec->what));
 	}
 }

@@ -550,13 +550,6 @@ typedef struct OutboxBatch
 	bool		fresh;
 } OutboxBatch;
 
-/*
- * A plan saved for the life of the process, inside SPI; emit.c, sequence.c
- * and consumer.c save theirs with it too.  (struct _SPI_plan * is
- * executor/spi.h's SPIPlanPtr.)
- */
-extern struct _SPI_plan *OutboxStorePrepare(const char *sql, int nargs,
-											Oid *types, const char *what);
 extern bool OutboxStoreExtensionPresent(void);
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern void OutboxStoreLoadOrigin(bool force);

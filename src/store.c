@@ -110,25 +110,6 @@ static const char *const query_text[Q_COUNT] = {
 static SPIPlanPtr plans[Q_COUNT];
 
 /*
- * OutboxStorePrepare
- *		Prepare one of the extension's statements and keep the plan for the
- *		life of the process; the caller holds it in a static and prepares
- *		only while that is NULL.  Must run inside SPI.  A statement of ours
- *		that does not prepare is a bug, hence elog; what names it there.
- */
-SPIPlanPtr
-OutboxStorePrepare(const char *sql, int nargs, Oid *types, const char *what)
-{
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, types);
-
-	if (plan == NULL)
-		elog(ERROR, "could not prepare %s: %s", what,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
-/*
  * OutboxStoreRun
  *		Run one of the relay's statements, without parameters, inside SPI;
  *		anything but the expected SPI_OK_* code is a bug, hence elog: "could
@@ -183,7 +164,7 @@ get_plan(int q)
 		Oid			types[QUERY_NARGS] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID,
 		INT8OID, INT4OID};
 
-		plans[q] = OutboxStorePrepare(query_text[q], QUERY_NARGS, types, "relay query");
+		plans[q] = OutboxSpiPrepare(query_text[q], QUERY_NARGS, types, "relay query");
 	}
 	return plans[q];
 }
@@ -670,7 +651,7 @@ OutboxStoreSavePage(const char *cur, int64 last_id, int count, bool batch_done)
 	{
 		Oid			types[3] = {TEXTOID, INT8OID, INT8OID};
 
-		*planp = OutboxStorePrepare(batch_done ? SAVE_BATCH_SQL : SAVE_PAGE_SQL,
+		*planp = OutboxSpiPrepare(batch_done ? SAVE_BATCH_SQL : SAVE_PAGE_SQL,
 									3, types, "progress update");
 	}
 	values[0] = CStringGetTextDatum(cur);

@@ -4,7 +4,7 @@
  *		What the relay's SQL files (store.c, store_dead.c, store_upkeep.c,
  *		store_held.c) share among themselves; only they include it.  The
  *		rest of the extension sees only the OutboxStore functions declared
- *		in outbox.h (OutboxStorePrepare among them).
+ *		in outbox.h.
  *
  *-------------------------------------------------------------------------
  */

@@ -110,7 +110,7 @@ head_holds(const char *head)
 	{
 		Oid			types[1] = {TEXTOID};
 
-		plan = OutboxStorePrepare("SELECT d.state FROM outbox.dead_letters d"
+		plan = OutboxSpiPrepare("SELECT d.state FROM outbox.dead_letters d"
 								  " WHERE d.event_id OPERATOR(pg_catalog.=) $1::uuid FOR SHARE",
 								  1, types, "head lookup");
 	}
@@ -146,7 +146,7 @@ record_dead_letter(const OutboxEvent *ev, const char *state,
 		Oid			types[DEAD_LETTER_NARGS] = {INT8OID, TEXTOID, TEXTOID, TEXTOID,
 		TEXTOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 
-		plan = OutboxStorePrepare(DEAD_LETTER_SQL, DEAD_LETTER_NARGS, types,
+		plan = OutboxSpiPrepare(DEAD_LETTER_SQL, DEAD_LETTER_NARGS, types,
 								  "dead letter insert");
 	}
 	values[0] = Int64GetDatum(ev->id);
@@ -185,7 +185,7 @@ queue_dead_letter(const OutboxEvent *ev)
 	{
 		Oid			types[1] = {INT8OID};
 
-		plan = OutboxStorePrepare("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
+		plan = OutboxSpiPrepare("INSERT INTO outbox.replay_queue (event_pk, dead_letter)"
 								  " VALUES ($1, true)", 1, types, "replay queue insert");
 	}
 	values[0] = Int64GetDatum(ev->id);

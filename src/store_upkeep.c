@@ -49,7 +49,7 @@
  *
  * A restore's event rows arrive re-stamped out of every batch, their
  * original txids in outbox.restored_events, and its progress row under a
- * name other than 'default' (see outbox--1.1.sql).  When both are in, each
+ * name other than 'default' (see outbox--1.0--1.1.sql).  When both are in, each
  * restored event not delivered according to the restored progress (or to
  * any of them, if several) and not a dead letter gets the current
  * transaction's id, so the batch after this commit publishes it, in id
