@@ -20,7 +20,8 @@ RDKAFKA_LIBS := $(shell pkg-config --libs rdkafka 2>/dev/null)
 ifeq ($(shell pkg-config --exists rdkafka && echo yes),)
 $(error librdkafka not found by pkg-config: install librdkafka-dev (Debian) and pkg-config)
 endif
-PG_CPPFLAGS = $(RDKAFKA_CFLAGS)
+# a room's header is named by its folder: #include "relay/relay.h"
+PG_CPPFLAGS = -I$(srcdir)/src $(RDKAFKA_CFLAGS)
 SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress (test/sql, test/expected): emit() without preload, against a
@@ -43,8 +44,11 @@ include $(PGXS)
 # after the include: Makefile.global sets PROVE_FLAGS itself
 PROVE_FLAGS += -I test/perl
 
-# every object depends on the shared headers (PGXS tracks no header)
-$(OBJS): src/outbox.h src/compat.h src/relay_state.h src/store.h src/kafka.h src/shmem_area.h src/consumer_worker.h
+# PGXS tracks no header: the compiler writes each object's header
+# dependencies beside it (src/<room>/<file>.d), read back at the next make
+override CPPFLAGS += -MMD -MP
+-include $(OBJS:.o=.d)
+EXTRA_CLEAN = $(OBJS:.o=.d)
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@

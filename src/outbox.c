@@ -19,8 +19,13 @@
 #include "miscadmin.h"
 #include "utils/guc.h"
 
-#include "compat.h"
-#include "outbox.h"
+#include "base/compat.h"
+#include "base/base.h"
+#include "shmem/shmem.h"
+#include "kafka/kafka.h"
+#include "emit/emit.h"
+#include "relay/relay.h"
+#include "launcher/launcher.h"
 
 PG_MODULE_MAGIC;
 
@@ -162,7 +167,7 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 	return check_with(OutboxTopicPatternsAreValid, *newval);
 }
 
-/* the secrets file is read and judged by kafka.c, as the relay reads it */
+/* the secrets file is read and judged by producer.c, as the relay reads it */
 static bool
 check_kafka_secrets_file(char **newval, void **extra, GucSource source)
 {
@@ -477,7 +482,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("outbox");
 
 
-	OutboxShmemInstallHooks();
+	OutboxShmemInstallHooks(OutboxCounterShmemRequest, OutboxCounterShmemInit);
 	OutboxUtilityHookInstall();
 	OutboxLauncherRegisterStatic();
 }

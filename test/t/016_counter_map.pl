@@ -1,5 +1,5 @@
 # test/t/016_counter_map.pl: where counter rows were last seen, in shared
-# memory (src/counter.c).  With the library preloaded, one backend's lookup
+# memory (src/emit/counter.c).  With the library preloaded, one backend's lookup
 # of an aggregate's counter row serves the next backend, which finds the row
 # without scanning the primary key.  Under load, with the table rewritten
 # and vacuumed underneath (rows moved, buffers and line pointers reused),

@@ -1,0 +1,224 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka/kafka.h
+ *		Kafka as the rest of the extension sees it: the producer and the
+ *		consumer (opaque), the message an event becomes, the settings rules.
+ *
+ * What the kafka room offers to the rooms above it; a file includes only
+ * the headers of rooms below its own (docs/design.md).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_KAFKA_H
+#define OUTBOX_KAFKA_H
+
+#include "postgres.h"
+
+#include "base/base.h"
+
+/* producer.c */
+typedef struct OutboxProducer OutboxProducer;
+
+#define OUTBOX_DELIVERY_PENDING (-100000)
+
+/*
+ * One event as the relay publishes it.  Strings are NUL-terminated and
+ * owned by the relay's page memory context.  producer.c writes the outcome
+ * where it arrives (the delivery report, or librdkafka's refusal at produce
+ * time): delivery_err (0: acknowledged) and, for a failure, last_err,
+ * last_err_local, last_class and the failure times.
+ */
+typedef struct OutboxEvent
+{
+	int64		id;
+	char	   *event_id;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *event_type;
+	char	   *topic;
+	char	   *key;
+	char	   *payload;
+	int			payload_len;
+	bool		has_seq;
+	int64		seq;
+	int32		schema_version;
+	char	   *occurred_at;
+	char	   *tenant;			/* NULL when unset */
+	char	   *traceparent;	/* NULL when unset */
+	int			nheaders;
+	char	  **header_names;
+	char	  **header_values;
+	TimestampTz created_at;
+	int			delivery_err;
+
+	/* delivery state, kept by the relay while the page is in hand */
+	int			disposition;	/* OUTBOX_EVENT_* */
+	int			attempts;		/* permanent failures so far */
+	int			last_err;
+	bool		last_err_local; /* last_err is librdkafka's own refusal at
+								 * produce time, not a delivery report's */
+	OutboxErrorClass last_class;
+	TimestampTz first_failed_at;
+	TimestampTz last_failed_at;
+	char	   *blocked_by;		/* parked: event id of the quarantined head */
+
+	/* replay pages only */
+	int64		queue_position;
+
+	/*
+	 * The Kafka partition the relay sends it to (OutboxProducerPartition),
+	 * OUTBOX_PARTITION_UNSET before it is asked, OUTBOX_PARTITION_UNKNOWN
+	 * when the topic's partitions are unknown (librdkafka then chooses).
+	 */
+	int32		partition;
+	int32		partition_count;	/* the topic's partitions it was computed
+									 * among; 0: none */
+	bool		probe;			/* sent alone for a held partition: producer.c
+								 * leaves it out of the pending count */
+	bool		was_held;		/* read from outbox.held */
+	bool		in_flight;		/* produced, its delivery report not served */
+} OutboxEvent;
+
+#define OUTBOX_PARTITION_UNSET		(-2)
+#define OUTBOX_PARTITION_UNKNOWN	(-1)
+
+#define OUTBOX_EVENT_PENDING		0
+#define OUTBOX_EVENT_DELIVERED		1
+#define OUTBOX_EVENT_QUARANTINED	2
+#define OUTBOX_EVENT_PARKED			3
+#define OUTBOX_EVENT_HELD			4	/* its partition is held: recorded in
+										 * outbox.held, not sent */
+
+/* message.c */
+extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
+									char num[2][32]);
+extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
+extern const char *OutboxOrigin(void);
+extern void OutboxSetOrigin(const char *value);
+
+/* the origin header's value: a UUID's text (message.c) */
+#define OUTBOX_ORIGIN_MAX 36
+extern void OutboxCheckHeaderName(const char *name);
+
+/*
+ * One event on its way into outbox.events (emit.c): the arguments as
+ * checked, and event, what the relay will send, as far as the size check
+ * counts it.  Everything is palloc'd in the caller's context or points into
+ * its arguments.
+ */
+typedef struct OutboxEmitRow
+{
+	text	   *aggregate_type;
+	text	   *aggregate_id;
+	text	   *event_type;
+	Jsonb	   *payload;
+	Jsonb	   *headers;		/* NULL: none */
+	char	   *topic;
+	text	   *key;			/* the aggregate id when none was given */
+	pg_uuid_t  *event_id;
+	TimestampTz occurred_at;
+	OutboxEvent event;
+} OutboxEmitRow;
+
+/* kafka_settings.c: the rules producer.c applies to librdkafka's settings */
+typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
+								  const char *where, char **detail, void *arg);
+extern bool OutboxKafkaPropertyIsSecret(const char *name);
+extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
+											  bool from_secrets, bool *by_value);
+extern bool OutboxKafkaSplitProperty(char *item, char **name, char **value);
+extern char *OutboxKafkaReadSecretsText(const char *path, OutboxKafkaJudge judge,
+										void *arg, char **errmsg);
+
+/* producer.c */
+extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
+extern int	OutboxKafkaMessageMaxBytes(const char *conf);
+extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
+extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
+extern OutboxProducer *OutboxProducerCreate(int event_fd, char **errmsg);
+extern bool OutboxProducerOutdated(const OutboxProducer *producer);
+extern void OutboxProducerDestroy(OutboxProducer *producer);
+extern void OutboxProducerRecountTopics(OutboxProducer *producer);
+extern int32 OutboxProducerTopicPartitions(OutboxProducer *producer, const char *topic);
+extern int32 OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event,
+									 int32 partitions);
+extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
+extern int	OutboxProducerServe(OutboxProducer *producer);
+extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
+extern bool OutboxProducerAllBrokersDown(OutboxProducer *producer);
+extern void OutboxProducerPurge(OutboxProducer *producer);
+extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
+									size_t len, int *count, int *fatal);
+extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
+extern const char *OutboxKafkaKnownCrash(void);
+extern const char *OutboxDeliveryErrorName(int err);
+extern const char *OutboxDeliveryErrorText(int err, bool local);
+extern const char *OutboxErrorClassName(OutboxErrorClass c);
+
+/* kafka_consumer.c: the subscription worker's librdkafka consumer */
+typedef struct OutboxConsumer OutboxConsumer;
+
+/* one message as the consumer hands it over; memory in the caller's context */
+typedef struct OutboxInbound
+{
+	char	   *topic;
+	int32		partition;
+	int64		offset;
+	int64		timestamp_ms;	/* -1: none */
+	char	   *key;			/* NULL: no key */
+	int			key_len;
+	char	   *value;			/* NULL: no value (a tombstone) */
+	int			value_len;
+	int			nheaders;
+	char	  **header_names;
+	char	  **header_values;	/* NULL: a header without a value */
+	int		   *header_lens;
+} OutboxInbound;
+
+/* a partition handed to the worker: offset is what it asks to start at */
+typedef struct OutboxAssigned
+{
+	const char *topic;
+	int32		partition;
+	int64		offset;			/* -1: the partition's beginning */
+	bool		stop;			/* the worker stopped it: assigned paused */
+} OutboxAssigned;
+
+/*
+ * The worker's answer to an assignment: fill in each partition's offset
+ * from the database (false: the lookup failed, assign nothing).  A
+ * revocation (assigned false) only tells.  Called from inside
+ * OutboxConsumerPoll, in the worker's thread, outside any transaction.
+ */
+typedef bool (*OutboxAssignFn) (OutboxAssigned *parts, int n, bool assigned,
+								void *arg);
+
+extern OutboxConsumer *OutboxConsumerCreate(const char *group_id,
+											const char *client_id,
+											char **topics, int ntopics,
+											int event_fd, OutboxAssignFn assign,
+											void *arg, char **errmsg);
+extern int	OutboxConsumerPoll(OutboxConsumer *consumer, OutboxInbound *out,
+							   int max, MemoryContext cxt);
+extern bool OutboxConsumerFailed(OutboxConsumer *consumer);
+extern void OutboxConsumerRewind(OutboxConsumer *consumer, const char *topic,
+								 int32 partition, int64 offset);
+extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,
+								 int32 partition);
+extern void OutboxConsumerCommit(OutboxConsumer *consumer, const char *topic,
+								 int32 partition, int64 next_offset);
+extern bool OutboxConsumerQueryLog(OutboxConsumer *consumer, const char *topic,
+								   int32 partition, int timeout_ms,
+								   int64 *low, int64 *high);
+extern int64 OutboxConsumerQueryEnd(OutboxConsumer *consumer, const char *topic,
+									int32 partition, int timeout_ms);
+extern int	OutboxConsumerTakeResets(OutboxConsumer *consumer, OutboxAssigned **resets);
+extern void OutboxConsumerPause(OutboxConsumer *consumer, const char *topic,
+								int32 partition);
+extern int64 OutboxConsumerHighWatermark(OutboxConsumer *consumer,
+										 const char *topic, int32 partition);
+extern bool OutboxConsumerTakeError(OutboxConsumer *consumer, char *buf, size_t len);
+extern bool OutboxConsumerOutdated(const OutboxConsumer *consumer);
+extern void OutboxConsumerDestroy(OutboxConsumer *consumer, int timeout_ms);
+
+#endif							/* OUTBOX_KAFKA_H */
