@@ -70,36 +70,12 @@ typedef struct OutboxHandoff
 
 static OutboxHandoff *handoff = NULL;
 
-static Size
-handoff_size(void)
-{
-	return add_size(offsetof(OutboxHandoff, prepared),
-					mul_size(max_prepared_xacts, sizeof(OutboxPrepared)));
-}
-
-/*
- * OutboxHandoffShmemRequest / OutboxHandoffShmemInit
- *		relay_slots.c's request and startup hooks: ask for this area and its lock,
- *		then create it (the caller holds AddinShmemInitLock).
- */
-void
-OutboxHandoffShmemRequest(void)
-{
-	OutboxShmemAreaRequest("outbox handoff", handoff_size());
-}
-
-void
-OutboxHandoffShmemInit(void)
-{
-	LWLock	   *made_lock;
-
-	handoff = OutboxShmemAreaInit("outbox handoff", handoff_size(), &made_lock);
-	if (made_lock != NULL)
-	{
-		handoff->lock = made_lock;
-		handoff->nprepared = max_prepared_xacts;
-	}
-}
+/* handoff's area: relay_slots.c's hooks ask for it and attach it */
+const OutboxShmemArea OutboxHandoffArea = {
+	"outbox handoff", offsetof(OutboxHandoff, prepared), sizeof(OutboxPrepared),
+	&max_prepared_xacts, offsetof(OutboxHandoff, lock),
+	offsetof(OutboxHandoff, nprepared), -1, (void **) &handoff
+};
 
 /*
  * ---- The launcher's sign-on and its requests ----

@@ -137,44 +137,37 @@ static const char *const relay_state_names[] = {
 StaticAssertDecl(lengthof(relay_state_names) == OUTBOX_RELAY_NSTATES,
 				 "a relay state has no name");
 
-static Size
-outbox_shmem_size(void)
-{
-	return add_size(offsetof(OutboxShared, slots),
-					mul_size(outbox_max_databases, sizeof(OutboxSlot)));
-}
+static const OutboxShmemArea relay_slots_area = {
+	"outbox", offsetof(OutboxShared, slots), sizeof(OutboxSlot),
+	&outbox_max_databases, offsetof(OutboxShared, lock),
+	offsetof(OutboxShared, nslots), offsetof(OutboxSlot, mutex),
+	(void **) &outbox_shared
+};
+
+/* every area of this room, asked for and made in this order */
+static const OutboxShmemArea *const areas[] = {
+	&relay_slots_area, &OutboxHandoffArea, &OutboxInboxArea
+};
 
 static void
 outbox_shmem_request(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	OutboxShmemAreaRequest("outbox", outbox_shmem_size());
-	OutboxHandoffShmemRequest();
-	OutboxInboxShmemRequest();
+	for (int i = 0; i < lengthof(areas); i++)
+		OutboxShmemAreaRequest(areas[i]);
 	upper_request();
 }
 
 static void
 outbox_shmem_startup(void)
 {
-	LWLock	   *made_lock;
-	int			i;
-
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	outbox_shared = OutboxShmemAreaInit("outbox", outbox_shmem_size(), &made_lock);
-	if (made_lock != NULL)
-	{
-		outbox_shared->lock = made_lock;
-		outbox_shared->nslots = outbox_max_databases;
-		for (i = 0; i < outbox_shared->nslots; i++)
-			SpinLockInit(&outbox_shared->slots[i].mutex);
-	}
-	OutboxHandoffShmemInit();
-	OutboxInboxShmemInit();
+	for (int i = 0; i < lengthof(areas); i++)
+		OutboxShmemAreaAttach(areas[i]);
 	upper_init();
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -318,16 +311,7 @@ OutboxHoldDatabase(Oid dboid, int hold_ms)
 	LWLockAcquire(outbox_shared->lock, LW_EXCLUSIVE);
 	slot = find_slot_locked(dboid);
 	if (slot != NULL)
-	{
-		int			pid;
-
-		SpinLockAcquire(&slot->mutex);
-		slot->hold_until = until;
-		pid = slot->v.pid;
-		SpinLockRelease(&slot->mutex);
-		if (pid != 0)
-			kill(pid, SIGTERM);
-	}
+		OutboxShmemHoldAndStop(&slot->mutex, &slot->hold_until, &slot->v.pid, until);
 	LWLockRelease(outbox_shared->lock);
 	OutboxInboxHoldDatabase(dboid, until);
 }
@@ -567,9 +551,7 @@ OutboxSlotDetach(OutboxSlot *slot)
 void
 OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->v.state = state;
-	SpinLockRelease(&slot->mutex);
+	OutboxShmemSet(&slot->mutex, &slot->v.state, &state, sizeof(state));
 }
 
 /*
@@ -579,13 +561,7 @@ OutboxSlotSetState(OutboxSlot *slot, OutboxRelayState state)
 bool
 OutboxSlotIsHeld(OutboxSlot *slot)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	bool		held;
-
-	SpinLockAcquire(&slot->mutex);
-	held = slot->hold_until > now;
-	SpinLockRelease(&slot->mutex);
-	return held;
+	return OutboxShmemBefore(&slot->mutex, &slot->hold_until);
 }
 
 /*
@@ -596,9 +572,18 @@ OutboxSlotIsHeld(OutboxSlot *slot)
 void
 OutboxSlotMarkNoExtension(OutboxSlot *slot)
 {
-	SpinLockAcquire(&slot->mutex);
-	slot->v.no_extension = true;
-	SpinLockRelease(&slot->mutex);
+	OutboxShmemSetFlag(&slot->mutex, &slot->v.no_extension);
+}
+
+/*
+ * OutboxSlotTakeExtensionCheck
+ *		Relay: whether a DROP EXTENSION committed since the last call, so
+ *		that it looks for its extension again.
+ */
+bool
+OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
+{
+	return OutboxShmemTakeFlag(&slot->mutex, &slot->check_extension);
 }
 
 /*
@@ -608,12 +593,8 @@ OutboxSlotMarkNoExtension(OutboxSlot *slot)
 void
 OutboxSlotCountError(OutboxSlot *slot, const char *message)
 {
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&slot->mutex);
-	slot->v.last_error_at = now;
-	strlcpy(slot->v.last_error, message, sizeof(slot->v.last_error));
-	SpinLockRelease(&slot->mutex);
+	OutboxShmemSetText(&slot->mutex, slot->v.last_error, sizeof(slot->v.last_error),
+					   message, &slot->v.last_error_at);
 }
 
 /*
@@ -624,26 +605,18 @@ OutboxSlotCountError(OutboxSlot *slot, const char *message)
 void
 OutboxSlotSetStandbyWait(OutboxSlot *slot, const char *why)
 {
-	SpinLockAcquire(&slot->mutex);
-	strlcpy(slot->v.standby_wait, why != NULL ? why : "", sizeof(slot->v.standby_wait));
-	SpinLockRelease(&slot->mutex);
+	OutboxShmemSetText(&slot->mutex, slot->v.standby_wait, sizeof(slot->v.standby_wait),
+					   why != NULL ? why : "", NULL);
 }
 
 /*
- * OutboxSlotTakeReplayPending / OutboxSlotTakeExtensionCheck
- *		Relay: whether replays were queued, or a DROP EXTENSION committed,
- *		since the last call.
+ * OutboxSlotTakeReplayPending
+ *		Relay: whether replays were queued since the last call.
  */
 bool
 OutboxSlotTakeReplayPending(OutboxSlot *slot)
 {
 	return OutboxShmemTakeFlag(&slot->mutex, &slot->replay_pending);
-}
-
-bool
-OutboxSlotTakeExtensionCheck(OutboxSlot *slot)
-{
-	return OutboxShmemTakeFlag(&slot->mutex, &slot->check_extension);
 }
 
 /* the publish latency histogram's bucket bounds, microseconds */

@@ -167,8 +167,6 @@ extern const char *OutboxStatusStateName(const OutboxStatusSnapshot *snap);
 #define OUTBOX_PROBE_EXTENSION		1
 #define OUTBOX_PROBE_NO_EXTENSION	2
 
-extern void OutboxHandoffShmemRequest(void);
-extern void OutboxHandoffShmemInit(void);
 extern bool OutboxLauncherAttach(void);
 extern void OutboxWakeLauncher(void);
 extern int	OutboxLauncherTakeRequests(Oid *out);
@@ -277,8 +275,6 @@ typedef struct OutboxInboxPeek
 extern int	outbox_max_subscriptions;
 extern int	outbox_max_subscriptions_per_database;
 extern const char *OutboxInboxStateName(OutboxInboxState state);
-extern void OutboxInboxShmemRequest(void);
-extern void OutboxInboxShmemInit(void);
 extern bool OutboxInboxHasRoom(Oid dboid, const char *name);
 extern bool OutboxInboxRequest(Oid dboid, const char *name, bool changed);
 extern void OutboxInboxWake(Oid dboid, const char *name);

@@ -83,39 +83,13 @@ OutboxInboxStateName(OutboxInboxState state)
 	return inbox_state_names[state];
 }
 
-static Size
-inbox_size(void)
-{
-	return add_size(offsetof(OutboxInboxShared, slots),
-					mul_size(outbox_max_subscriptions, sizeof(OutboxInboxSlot)));
-}
-
-/*
- * OutboxInboxShmemRequest / OutboxInboxShmemInit
- *		Ask for the area in the shared-memory request hook, then create it
- *		(the caller holds AddinShmemInitLock).
- */
-void
-OutboxInboxShmemRequest(void)
-{
-	OutboxShmemAreaRequest("outbox inbox", inbox_size());
-}
-
-void
-OutboxInboxShmemInit(void)
-{
-	LWLock	   *made_lock;
-	int			i;
-
-	inbox = OutboxShmemAreaInit("outbox inbox", inbox_size(), &made_lock);
-	if (made_lock != NULL)
-	{
-		inbox->lock = made_lock;
-		inbox->nslots = outbox_max_subscriptions;
-		for (i = 0; i < inbox->nslots; i++)
-			SpinLockInit(&inbox->slots[i].mutex);
-	}
-}
+/* the subscription slots' area: relay_slots.c's hooks ask for it and attach it */
+const OutboxShmemArea OutboxInboxArea = {
+	"outbox inbox", offsetof(OutboxInboxShared, slots), sizeof(OutboxInboxSlot),
+	&outbox_max_subscriptions, offsetof(OutboxInboxShared, lock),
+	offsetof(OutboxInboxShared, nslots), offsetof(OutboxInboxSlot, mutex),
+	(void **) &inbox
+};
 
 static OutboxInboxSlot *
 find_locked(Oid dboid, const char *name)
@@ -264,16 +238,9 @@ OutboxInboxHoldDatabase(Oid dboid, TimestampTz until)
 	for (i = 0; i < inbox->nslots; i++)
 	{
 		OutboxInboxSlot *s = &inbox->slots[i];
-		int			pid;
 
-		if (!s->in_use || s->v.dboid != dboid)
-			continue;
-		SpinLockAcquire(&s->mutex);
-		s->hold_until = until;
-		pid = s->v.pid;
-		SpinLockRelease(&s->mutex);
-		if (pid != 0)
-			kill(pid, SIGTERM);
+		if (s->in_use && s->v.dboid == dboid)
+			OutboxShmemHoldAndStop(&s->mutex, &s->hold_until, &s->v.pid, until);
 	}
 	LWLockRelease(inbox->lock);
 }
@@ -540,9 +507,7 @@ OutboxInboxDetach(OutboxInboxSlot *s)
 void
 OutboxInboxMarkGone(OutboxInboxSlot *s)
 {
-	SpinLockAcquire(&s->mutex);
-	s->gone = true;
-	SpinLockRelease(&s->mutex);
+	OutboxShmemSetFlag(&s->mutex, &s->gone);
 }
 
 bool
@@ -560,31 +525,20 @@ OutboxInboxTakeWake(OutboxInboxSlot *s)
 bool
 OutboxInboxIsHeld(OutboxInboxSlot *s)
 {
-	TimestampTz until;
-
-	SpinLockAcquire(&s->mutex);
-	until = s->hold_until;
-	SpinLockRelease(&s->mutex);
-	return until > GetCurrentTimestamp();
+	return OutboxShmemBefore(&s->mutex, &s->hold_until);
 }
 
 void
 OutboxInboxSetState(OutboxInboxSlot *s, OutboxInboxState state)
 {
-	SpinLockAcquire(&s->mutex);
-	s->v.state = state;
-	SpinLockRelease(&s->mutex);
+	OutboxShmemSet(&s->mutex, &s->v.state, &state, sizeof(state));
 }
 
 void
 OutboxInboxSetError(OutboxInboxSlot *s, const char *message)
 {
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&s->mutex);
-	strlcpy(s->v.last_error, message, sizeof(s->v.last_error));
-	s->v.last_error_at = now;
-	SpinLockRelease(&s->mutex);
+	OutboxShmemSetText(&s->mutex, s->v.last_error, sizeof(s->v.last_error),
+					   message, &s->v.last_error_at);
 }
 
 /*
