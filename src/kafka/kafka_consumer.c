@@ -214,7 +214,7 @@ consumer_conf(const char *group_id, const char *client_id, char **errmsg)
 	 * partitions wait for that: 10 s rather than librdkafka's 45.
 	 */
 	static const char *const defaults[][2] = {
-		{"session.timeout.ms", "10000"},
+		{"session.timeout.ms", CppAsString2(OUTBOX_KAFKA_SESSION_TIMEOUT_MS)},
 		{"heartbeat.interval.ms", "2000"},
 	};
 	/* these it may not */
