@@ -209,6 +209,7 @@ extern OutboxConsumer *OutboxConsumerCreate(const char *group_id,
 extern int	OutboxConsumerPoll(OutboxConsumer *consumer, OutboxInbound *out,
 							   int max, MemoryContext cxt);
 extern bool OutboxConsumerFailed(OutboxConsumer *consumer);
+extern bool OutboxConsumerJoined(const OutboxConsumer *consumer);
 extern void OutboxConsumerRewind(OutboxConsumer *consumer, const char *topic,
 								 int32 partition, int64 offset);
 extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,
