@@ -118,41 +118,46 @@ check_traceparent(char **newval, void **extra, GucSource source)
 
 /*
  * check_kafka_config
- *		librdkafka judges the properties; the producer's effective
- *		message.max.bytes under them is computed here, once per change, and
- *		installed by assign_kafka_config for emit()'s size check.
+ *		outbox's rules and librdkafka judge each property, then the pairs
+ *		librdkafka refuses together (kafka_settings.c), so that a value
+ *		the relay or a subscription could not make its client with is
+ *		refused here, at SET or reload, and the old one stays.  The
+ *		producer's effective message.max.bytes under the value is computed
+ *		here, once per change, and installed by assign_kafka_config for
+ *		emit()'s size check.  Neither message shows the value: it may carry
+ *		a secret, and the default message would quote it whole.
  */
 static bool
 check_kafka_config(char **newval, void **extra, GucSource source)
 {
 	char	   *detail = NULL;
+	char	   *hint = NULL;
+	int			max_bytes;
+	int		   *result;
 
-	if (OutboxKafkaCheckConfig(*newval, &detail))
+	if (!OutboxKafkaCheckConfig(*newval, &detail, &hint) ||
+		!OutboxKafkaConfigConflict(*newval, &detail, &hint))
 	{
-		int			max_bytes = OutboxKafkaMessageMaxBytes(*newval);
-		int		   *result;
-
-		if (max_bytes <= 0)
-		{
-			GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
-			GUC_check_errdetail("librdkafka reports no usable message.max.bytes.");
-			return false;
-		}
-		/* guc.c frees extra itself: allocate it as it wants (compat.h) */
-		result = OutboxGucMalloc(sizeof(int));
-		if (result == NULL)
-			return false;
-		*result = max_bytes;
-		*extra = result;
-		return true;
+		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
+		GUC_check_errdetail("%s", detail);
+		if (hint != NULL)
+			GUC_check_errhint("%s", hint);
+		return false;
 	}
-	/*
-	 * Neither message may show the value: it may carry a secret, and the
-	 * default message would quote it whole.
-	 */
-	GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
-	GUC_check_errdetail("%s", detail);
-	return false;
+	max_bytes = OutboxKafkaMessageMaxBytes(*newval);
+	if (max_bytes <= 0)
+	{
+		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
+		GUC_check_errdetail("librdkafka reports no usable message.max.bytes.");
+		return false;
+	}
+	/* guc.c frees extra itself: allocate it as it wants (compat.h) */
+	result = OutboxGucMalloc(sizeof(int));
+	if (result == NULL)
+		return false;
+	*result = max_bytes;
+	*extra = result;
+	return true;
 }
 
 static void
@@ -274,7 +279,7 @@ define_kafka_settings(void)
 							   check_kafka_secrets_file, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.kafka_config",
-							   "Extra librdkafka producer properties, as key=value;key=value.",
+							   "Extra librdkafka properties of the relays' producers and the subscriptions' consumers, as key=value;key=value.",
 							   "Readable by superusers only.  PostgreSQL logs a changed value at reload: "
 							   "keep credentials in outbox.kafka_secrets_file.",
 							   &outbox_kafka_config,

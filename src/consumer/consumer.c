@@ -116,15 +116,12 @@ resume_due(Worker *w)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	long		next = WAIT_IDLE_MS;
-	bool		retrying = false;
-	bool		stopped = false;
 	int			i;
 
 	for (i = 0; i < w->nparts; i++)
 	{
 		Part	   *p = w->parts[i];
 
-		stopped |= p->stopped && p->assigned;
 		if (p->retry_at == 0)
 			continue;
 		if (p->retry_at <= now)
@@ -133,14 +130,32 @@ resume_due(Worker *w)
 			OutboxConsumerResume(w->consumer, p->topic, p->partition);
 		}
 		else
-		{
-			retrying = true;
 			next = Min(next, Max(1, TimestampDifferenceMilliseconds(now, p->retry_at)));
-		}
+	}
+	return next;
+}
+
+/*
+ * show_state
+ *		The slot's state for a worker with a consumer: a stopped partition,
+ *		one waiting to retry, a group not joined yet, or running.
+ */
+static void
+show_state(Worker *w)
+{
+	bool		retrying = false;
+	bool		stopped = false;
+	int			i;
+
+	for (i = 0; i < w->nparts; i++)
+	{
+		stopped |= w->parts[i]->stopped && w->parts[i]->assigned;
+		retrying |= w->parts[i]->retry_at != 0;
 	}
 	OutboxInboxSetState(w->slot, stopped ? OUTBOX_INBOX_PARTITION_STOPPED :
-						retrying ? OUTBOX_INBOX_RETRYING : OUTBOX_INBOX_RUNNING);
-	return next;
+						retrying ? OUTBOX_INBOX_RETRYING :
+						!OutboxConsumerJoined(w->consumer) ? OUTBOX_INBOX_JOINING :
+						OUTBOX_INBOX_RUNNING);
 }
 
 /* the worker's one wait: its latch, postmaster death, the consumer's pipe */
@@ -309,13 +324,15 @@ start(Worker *w, const char *name)
  * poll_and_apply
  *		One turn of the loop once the consumer exists: resume what is due,
  *		poll up to a batch of messages into msgs, take what the consumer
- *		found on the way, apply the batch, report.  Returns the number of
- *		messages polled; *timeout is how long the loop may wait after.
+ *		found on the way, show the state, apply the batch, report (at once
+ *		when the group has just assigned partitions).  Returns the number
+ *		of messages polled; *timeout is how long the loop may wait after.
  */
 static int
 poll_and_apply(Worker *w, OutboxInbound *msgs, TimestampTz now, long *timeout)
 {
 	char		err[OUTBOX_LAST_ERROR_LEN];
+	bool		joined = OutboxConsumerJoined(w->consumer);
 	int			n;
 	int			kept;
 
@@ -331,10 +348,12 @@ poll_and_apply(Worker *w, OutboxInbound *msgs, TimestampTz now, long *timeout)
 	if (OutboxConsumerTakeError(w->consumer, err, sizeof(err)))
 		OutboxInboxSetError(w->slot, err);
 	OutboxSubscriberTakeResets(w);
+	show_state(w);
 	kept = drop_stopped(w, msgs, n);
 	if (kept > 0)
 		OutboxSubscriberApplyBatch(w, msgs, kept);
-	if (kept > 0 || TimestampDifferenceExceeds(w->last_report, now, WAIT_IDLE_MS))
+	if (kept > 0 || joined != OutboxConsumerJoined(w->consumer) ||
+		TimestampDifferenceExceeds(w->last_report, now, WAIT_IDLE_MS))
 	{
 		report_parts(w);
 		w->last_report = now;

@@ -120,18 +120,26 @@ typedef struct OutboxEmitRow
 	OutboxEvent event;
 } OutboxEmitRow;
 
-/* kafka_settings.c: the rules producer.c applies to librdkafka's settings */
+/*
+ * kafka_settings.c: the rules producer.c applies to librdkafka's settings,
+ * and those outbox.kafka_config's check hook adds
+ */
 typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
 								  const char *where, char **detail, void *arg);
+
+/* a subscription's session.timeout.ms unless outbox.kafka_config sets it */
+#define OUTBOX_KAFKA_SESSION_TIMEOUT_MS 10000
+
 extern bool OutboxKafkaPropertyIsSecret(const char *name);
 extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
 											  bool from_secrets, bool *by_value);
+extern bool OutboxKafkaConfigConflict(const char *text, char **detail, char **hint);
 extern bool OutboxKafkaSplitProperty(char *item, char **name, char **value);
 extern char *OutboxKafkaReadSecretsText(const char *path, OutboxKafkaJudge judge,
 										void *arg, char **errmsg);
 
 /* producer.c */
-extern bool OutboxKafkaCheckConfig(const char *conf, char **detail);
+extern bool OutboxKafkaCheckConfig(const char *conf, char **detail, char **hint);
 extern int	OutboxKafkaMessageMaxBytes(const char *conf);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
 extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
@@ -201,6 +209,7 @@ extern OutboxConsumer *OutboxConsumerCreate(const char *group_id,
 extern int	OutboxConsumerPoll(OutboxConsumer *consumer, OutboxInbound *out,
 							   int max, MemoryContext cxt);
 extern bool OutboxConsumerFailed(OutboxConsumer *consumer);
+extern bool OutboxConsumerJoined(const OutboxConsumer *consumer);
 extern void OutboxConsumerRewind(OutboxConsumer *consumer, const char *topic,
 								 int32 partition, int64 offset);
 extern void OutboxConsumerResume(OutboxConsumer *consumer, const char *topic,

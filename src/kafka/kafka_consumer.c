@@ -50,6 +50,8 @@ struct OutboxConsumer
 	OutboxAssignFn assign;
 	void	   *arg;
 	bool		failed;			/* an assignment could not be looked up */
+	bool		joined;			/* the group assigned it partitions (maybe
+								 * none), and has not taken them all back */
 	char		error[256];
 	int			error_count;
 	rd_kafka_topic_partition_list_t *to_commit;
@@ -170,14 +172,24 @@ rebalance_report(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 {
 	OutboxConsumer *c = (OutboxConsumer *) opaque;
 
+	bool		cooperative = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+
 	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+	{
 		hand_over(c, partitions, true);
+		c->joined = true;
+	}
 	else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS)
+	{
 		hand_over(c, partitions, false);
+		/* an eager rebalance takes everything back until the next join */
+		c->joined = cooperative && !rd_kafka_assignment_lost(rk);
+	}
 	else
 	{
 		record_error(c, "rebalance", rd_kafka_err2str(err));
 		hand_over(c, partitions, false);
+		c->joined = false;
 	}
 }
 
@@ -214,7 +226,7 @@ consumer_conf(const char *group_id, const char *client_id, char **errmsg)
 	 * partitions wait for that: 10 s rather than librdkafka's 45.
 	 */
 	static const char *const defaults[][2] = {
-		{"session.timeout.ms", "10000"},
+		{"session.timeout.ms", CppAsString2(OUTBOX_KAFKA_SESSION_TIMEOUT_MS)},
 		{"heartbeat.interval.ms", "2000"},
 	};
 	/* these it may not */
@@ -453,6 +465,19 @@ bool
 OutboxConsumerFailed(OutboxConsumer *c)
 {
 	return c->failed;
+}
+
+/*
+ * OutboxConsumerJoined
+ *		Whether the group has assigned this member its partitions (none,
+ *		maybe, when others hold them all): false from its creation until
+ *		the first assignment, and again while an eager rebalance or a lost
+ *		membership has taken them back.  No message arrives meanwhile.
+ */
+bool
+OutboxConsumerJoined(const OutboxConsumer *c)
+{
+	return c->joined;
 }
 
 /* a list of topic/partition at offset; the caller destroys it */

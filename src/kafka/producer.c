@@ -55,15 +55,15 @@ static char *secrets_error = NULL;
 /*
  * apply_property
  *		Judge one name=value and set it in conf.  With where NULL it comes
- *		from outbox.kafka_config, and *detail may name the
- *		property (never a secret property's value).  Otherwise it comes from
- *		the secrets file, where says where ("line 3 of \"path\""), and
- *		*detail names nothing but that place: any part of a secrets line
- *		may be a secret.
+ *		from outbox.kafka_config: *detail may name the property (never a
+ *		secret property's value) and *hint, when not NULL, gets why outbox
+ *		refuses it.  Otherwise it comes from the secrets file, where says
+ *		where ("line 3 of \"path\""), and *detail names nothing but that
+ *		place and why: any part of a secrets line may be a secret.
  */
 static bool
 apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
-			   const char *where, char **detail)
+			   const char *where, char **detail, char **hint)
 {
 	bool		by_value;
 	const char *why = OutboxKafkaPropertyRefusal(name, value, where != NULL, &by_value);
@@ -71,13 +71,19 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 
 	if (why != NULL)
 	{
-		if (where != NULL)
+		if (where != NULL && by_value)
+			*detail = psprintf("The value on %s is refused. %s", where, why);
+		else if (where != NULL)
 			*detail = psprintf("The property on %s cannot be set in the secrets file. %s",
 							   where, why);
 		else if (by_value)
-			*detail = psprintf("Property \"%s\" cannot be \"%s\". %s", name, value, why);
+			*detail = psprintf("Property \"%s\" cannot be \"%s\".", name, value);
 		else
-			*detail = psprintf("Property \"%s\" cannot be set here. %s", name, why);
+			*detail = psprintf("Property \"%s\" cannot be set here.", name);
+		if (where == NULL && hint != NULL)
+			*hint = pstrdup(why);
+		else if (where == NULL)
+			*detail = psprintf("%s %s", *detail, why);
 		return false;
 	}
 	if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
@@ -96,13 +102,14 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 /*
  * apply_config
  *		Parse "k=v;k=v" into conf.  On failure *detail is a sentence naming
- *		the property; a secret property's value never appears in it.  With
+ *		the property (and *hint, when not NULL, may say why outbox refuses
+ *		it); a secret property's value never appears in them.  With
  *		from_secrets, the text is the secrets file's, joined: a failure
  *		names only the entry's number.
  */
 static bool
 apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
-			 char **detail)
+			 char **detail, char **hint)
 {
 	char	   *copy = pstrdup(text ? text : "");
 	char	   *item;
@@ -131,7 +138,7 @@ apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
 		}
 		if (!apply_property(conf, name, value,
 							from_secrets ? psprintf("entry %d of outbox.kafka_secrets_file", n) : NULL,
-							detail))
+							detail, hint))
 			return false;
 	}
 	return true;
@@ -139,14 +146,16 @@ apply_config(rd_kafka_conf_t *conf, const char *text, bool from_secrets,
 
 /*
  * OutboxKafkaCheckConfig
- *		Check hook body for outbox.kafka_config: librdkafka itself judges
- *		every property.  Never throws.
+ *		Check hook body for outbox.kafka_config: outbox's rules, then
+ *		librdkafka's judgement of each property set in a configuration
+ *		object (no client is made).  False with *detail, and *hint when
+ *		outbox says why.  Never throws.
  */
 bool
-OutboxKafkaCheckConfig(const char *text, char **detail)
+OutboxKafkaCheckConfig(const char *text, char **detail, char **hint)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	bool		ok = apply_config(conf, text, false, detail);
+	bool		ok = apply_config(conf, text, false, detail, hint);
 
 	rd_kafka_conf_destroy(conf);
 	return ok;
@@ -168,7 +177,7 @@ OutboxKafkaMessageMaxBytes(const char *text)
 	size_t		size = sizeof(buf);
 	int			result = -1;
 
-	if (apply_config(conf, text, false, &detail) &&
+	if (apply_config(conf, text, false, &detail, NULL) &&
 		rd_kafka_conf_get(conf, "message.max.bytes", buf, &size) == RD_KAFKA_CONF_OK)
 		result = atoi(buf);
 	rd_kafka_conf_destroy(conf);
@@ -344,7 +353,7 @@ static bool
 judge_secret(const char *name, const char *value, const char *where,
 			 char **errmsg, void *conf)
 {
-	return apply_property((rd_kafka_conf_t *) conf, name, value, where, errmsg);
+	return apply_property((rd_kafka_conf_t *) conf, name, value, where, errmsg, NULL);
 }
 
 /*
@@ -475,8 +484,8 @@ OutboxKafkaClientConf(const char *const (*defaults)[2], int ndefaults, char **er
 		*errmsg = psprintf("invalid outbox.kafka_brokers: %s", errstr);
 		return NULL;
 	}
-	if (!apply_config(conf, outbox_kafka_config, false, &detail) ||
-		!apply_config(conf, secrets_text ? secrets_text : "", true, &detail))
+	if (!apply_config(conf, outbox_kafka_config, false, &detail, NULL) ||
+		!apply_config(conf, secrets_text ? secrets_text : "", true, &detail, NULL))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = detail;
@@ -543,7 +552,8 @@ OutboxProducerCreate(int event_fd, char **errmsg)
 	{
 		/* rd_kafka_new destroys conf only on success */
 		rd_kafka_conf_destroy(conf);
-		*errmsg = psprintf("could not create the Kafka producer: %s", errstr);
+		/* the relay's message says what could not be made */
+		*errmsg = pstrdup(errstr);
 		goto fail;
 	}
 	rd_kafka_set_log_queue(producer->rk, NULL);

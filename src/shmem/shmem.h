@@ -192,11 +192,15 @@ extern void OutboxNotePrepared(int events, bool replay);
 /*
  * A subscription's states in order, each with the one spelling status()
  * shows of it (OutboxInboxStateName), so that none lacks a name.
- * RETRYING: a handler failed, its partition waits.  PARTITION_STOPPED: a
- * partition's log does not hold its next offset (consumer_range.c).
+ * JOINING: the worker's consumer waits for its group to assign it
+ * partitions (a join takes seconds; no message arrives before).  RUNNING:
+ * assigned, it applies what comes.  RETRYING: a handler failed, its
+ * partition waits.  PARTITION_STOPPED: a partition's log does not hold its
+ * next offset (consumer_range.c).
  */
 #define OUTBOX_INBOX_STATES(state) \
 	state(OUTBOX_INBOX_STARTING, "starting") \
+	state(OUTBOX_INBOX_JOINING, "joining") \
 	state(OUTBOX_INBOX_RUNNING, "running") \
 	state(OUTBOX_INBOX_RETRYING, "retrying") \
 	state(OUTBOX_INBOX_PARTITION_STOPPED, "partition stopped") \

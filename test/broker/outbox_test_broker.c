@@ -7,10 +7,11 @@
  * by the outbox extension and must not be treated as a product component.
  *
  * It starts librdkafka's built-in mock cluster (rdkafka_mock.h) with N
- * brokers listening on random 127.0.0.1 ports, prints the bootstrap server
- * list as the first line on stdout (and optionally writes it atomically to
- * a file), and then applies fault-injection commands read one per line
- * from a FIFO (-c) or from stdin.  Every command is acknowledged with a
+ * brokers listening on random 127.0.0.1 ports (and, with -P, a fixed
+ * 127.0.0.1 port relayed to the first of them: forward.c), prints the
+ * bootstrap server list as the first line on stdout (and optionally
+ * writes it atomically to a file), and then applies fault-injection
+ * commands read one per line from a FIFO (-c) or from stdin.  Every command is acknowledged with a
  * single "ok ..." or "error ..." line on stdout.  See README.md.
  *
  * The mock cluster API is marked experimental by librdkafka; this file is
@@ -37,6 +38,8 @@
 
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
+
+#include "forward.h"
 
 /* librdkafka 2.0.2 always auto-creates topics with this many partitions */
 #define MOCK_AUTO_CREATE_PARTITIONS 4
@@ -96,8 +99,9 @@ usage(const char *progname)
 {
 	fprintf(stderr,
 			"usage: %s [-b BROKERS] [-p PARTITIONS] [-c CONTROL_FIFO] "
-			"[-f BOOTSTRAP_FILE] [-t TOPIC[:PARTITIONS]]...\n"
+			"[-f BOOTSTRAP_FILE] [-P PORT] [-t TOPIC[:PARTITIONS]]...\n"
 			"Test tool: runs a librdkafka mock Kafka cluster on 127.0.0.1.\n"
+			"-P: bootstrap through 127.0.0.1:PORT, relayed to the first broker.\n"
 			"Commands (one per line, on the FIFO or stdin):\n"
 			"  down|up <broker_id|all>\n"
 			"  rtt <broker_id|all> <ms>\n"
@@ -477,6 +481,8 @@ main(int argc, char **argv)
 	rd_kafka_conf_t *conf;
 	rd_kafka_t *rk;
 	const char *bootstraps;
+	char		fixed[64];
+	int			port = 0;
 	struct sigaction sa;
 	char		buf[MAX_LINE];
 	size_t		len = 0;
@@ -487,7 +493,7 @@ main(int argc, char **argv)
 	int			c;
 	int			i;
 
-	while ((c = getopt(argc, argv, "b:p:c:f:t:h")) != -1)
+	while ((c = getopt(argc, argv, "b:p:c:f:P:t:h")) != -1)
 	{
 		switch (c)
 		{
@@ -512,6 +518,14 @@ main(int argc, char **argv)
 				break;
 			case 'f':
 				bootstrap_path = optarg;
+				break;
+			case 'P':
+				if (!parse_long(optarg, 1, 65535, &val))
+				{
+					fprintf(stderr, "invalid port \"%s\"\n", optarg);
+					return 2;
+				}
+				port = (int) val;
 				break;
 			case 't':
 				if (ntopics == (int) (sizeof(topics) / sizeof(topics[0])))
@@ -588,6 +602,22 @@ main(int argc, char **argv)
 		return 1;
 	}
 	bootstraps = rd_kafka_mock_cluster_bootstraps(mcluster);
+	if (port != 0)
+	{
+		/* the list starts "127.0.0.1:<first broker's port>," */
+		const char *colon = strchr(bootstraps, ':');
+
+		if (colon == NULL ||
+			!forward_start(port, atoi(colon + 1), errstr, sizeof(errstr)))
+		{
+			fprintf(stderr, "%s\n", colon == NULL ? "no mock broker" : errstr);
+			rd_kafka_mock_cluster_destroy(mcluster);
+			rd_kafka_destroy(rk);
+			return 1;
+		}
+		snprintf(fixed, sizeof(fixed), "127.0.0.1:%d", port);
+		bootstraps = fixed;
+	}
 
 	if (default_partitions != MOCK_AUTO_CREATE_PARTITIONS)
 		fprintf(stderr,

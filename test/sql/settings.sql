@@ -26,6 +26,36 @@ ALTER SYSTEM SET outbox.kafka_config = 'topic.partitioner=random';
 ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=lifo';
 ALTER SYSTEM SET outbox.kafka_config = 'queuing.strategy=LIFO';
 ALTER SYSTEM SET outbox.kafka_config = 'topic.message.timeout.ms=5000';
+-- what the relay's idempotent producer cannot be made with: refused here,
+-- so that a reload never hands it to the relay (librdkafka reads "all" in
+-- any case, and an integer in any base)
+ALTER SYSTEM SET outbox.kafka_config = 'acks=1';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5;topic.acks=0';
+ALTER SYSTEM SET outbox.kafka_config = 'request.required.acks=2';
+ALTER SYSTEM SET outbox.kafka_config = 'max.in.flight=6';
+ALTER SYSTEM SET outbox.kafka_config = 'max.in.flight.requests.per.connection=0x10';
+ALTER SYSTEM SET outbox.kafka_config = 'queue.buffering.backpressure.threshold=2';
+ALTER SYSTEM SET outbox.kafka_config = 'transactional.id=outbox';
+-- what a subscription's consumer sets itself
+ALTER SYSTEM SET outbox.kafka_config = 'group.id=mine';
+ALTER SYSTEM SET outbox.kafka_config = 'auto.offset.reset=earliest';
+ALTER SYSTEM SET outbox.kafka_config = 'enable.auto.commit=true';
+ALTER SYSTEM SET outbox.kafka_config = 'enable.auto.offset.store=true';
+ALTER SYSTEM SET outbox.kafka_config = 'enable.partition.eof=true';
+ALTER SYSTEM SET outbox.kafka_config = 'isolation.level=read_uncommitted';
+ALTER SYSTEM SET outbox.kafka_config = 'group.protocol=consumer';
+-- pairs librdkafka refuses together; an unset one counts as the relay and
+-- the subscriptions run it (a subscription's session.timeout.ms is 10 s)
+ALTER SYSTEM SET outbox.kafka_config = 'reconnect.backoff.ms=20000';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.kafka_config = 'max.poll.interval.ms=5000';
+ALTER SYSTEM SET outbox.kafka_config = 'session.timeout.ms=3000;max.poll.interval.ms=5000;session.timeout.ms=6000';
+ALTER SYSTEM SET outbox.kafka_config = 'fetch.max.bytes=500000';
+ALTER SYSTEM SET outbox.kafka_config = 'message.max.bytes=2000000;fetch.max.bytes=1500000';
+-- and what they allow
+ALTER SYSTEM SET outbox.kafka_config = 'acks=all;topic.acks=-1;acks=ALL;max.in.flight=5;queue.buffering.backpressure.threshold=1';
+ALTER SYSTEM SET outbox.kafka_config = 'session.timeout.ms=3000;max.poll.interval.ms=3000;fetch.max.bytes=1000000;reconnect.backoff.ms=50;reconnect.backoff.max.ms=500';
 -- callbacks and interceptors have no string form: librdkafka refuses them
 ALTER SYSTEM SET outbox.kafka_config = 'partitioner_cb=0x1234';
 ALTER SYSTEM SET outbox.kafka_config = 'interceptors=x';
@@ -103,6 +133,10 @@ COPY (SELECT 'sasl.username=outbox' UNION ALL SELECT 'sasl.password=hunter2' || 
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_long.conf';
 COPY (SELECT 'plugin.library.paths=/tmp/hunter2.so') TO :'secrets_plugin';
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_plugin.conf';
+-- the relay's rules hold for the secrets file too
+\set secrets_acks :datadir '/outbox_secrets_acks.conf'
+COPY (SELECT 'sasl.username=outbox' UNION ALL SELECT 'acks=1') TO :'secrets_acks';
+ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_acks.conf';
 -- emit() reads message.max.bytes from outbox.kafka_config only
 COPY (SELECT 'message.max.bytes=2000') TO :'secrets_size';
 ALTER SYSTEM SET outbox.kafka_secrets_file = 'outbox_secrets_size.conf';

@@ -1,7 +1,10 @@
 # test/t/004_reload.pl: the relay follows configuration reloads without a
 # restart: a new outbox.kafka_brokers moves publishing to another cluster,
 # outbox.enabled = off pauses it, and an invalid outbox.kafka_config is
-# refused while the old one stays in force.
+# refused while the old one stays in force: one librdkafka rejects, and
+# one it accepts but the relay's idempotent producer or a subscription's
+# consumer could not be made with.  A producer that cannot be made is
+# reported once, by the relay's message.
 
 use strict;
 use warnings;
@@ -107,7 +110,7 @@ my ($ret, $out, $err) = $node->psql('postgres',
 	"ALTER SYSTEM SET outbox.kafka_config = 'bootstrap.servers=127.0.0.1:1'");
 like(
 	$err,
-	qr/DETAIL:  Property "bootstrap.servers" cannot be set here\. Set outbox.kafka_brokers instead\./,
+	qr/DETAIL:  Property "bootstrap.servers" cannot be set here\.\nHINT:  Set outbox.kafka_brokers instead\./,
 	'bootstrap.servers in outbox.kafka_config is refused, pointing to outbox.kafka_brokers'
 );
 unlike(slurp_file($node->data_dir . '/postgresql.auto.conf'),
@@ -131,6 +134,50 @@ my $last = emit();
 wait_for_events($kafka2, $topic, [$last]);
 pass('the relay goes on publishing with the old settings');
 is(relay_pid($node, 'postgres'), $pid, 'still the same relay process');
+
+# Values librdkafka takes one by one, but with which the relay's idempotent
+# producer or a subscription's consumer could not be made: refused at
+# reload, logged with the property, and the relay publishes on.
+foreach my $refused (
+	[ 'acks=1',                    qr/Property "acks" cannot be "1"/ ],
+	[ 'max.in.flight=10',          qr/Property "max.in.flight" cannot be "10"/ ],
+	[ 'transactional.id=outbox',   qr/Property "transactional.id" cannot be set here/ ],
+	[ 'enable.auto.commit=true',   qr/Property "enable.auto.commit" cannot be set here/ ],
+	[ 'max.poll.interval.ms=5000', qr/Property "session.timeout.ms" \(10000\) is greater than "max.poll.interval.ms" \(5000\)/ ])
+{
+	my ($value, $detail) = @$refused;
+
+	$offset = -s $node->logfile;
+	$node->append_conf('postgresql.conf', "outbox.kafka_config = '$value'");
+	$node->reload;
+	ok( defined wait_for_log_match(
+			$node,
+			qr/invalid value for parameter "outbox.kafka_config"\n.*DETAIL:  $detail.*\n.*HINT:  \S/,
+			$offset, 15),
+		"a reload with outbox.kafka_config '$value' is refused, its reason logged");
+	is($node->safe_psql('postgres', 'SHOW outbox.kafka_config'),
+		$good, "after '$value' the old value stays in force");
+	$last = emit();
+	wait_for_events($kafka2, $topic, [$last]);
+	pass("after '$value' the relay goes on publishing");
+	unlike(slurp_file($node->logfile, $offset), qr/could not create the Kafka producer/,
+		"after '$value' the relay never failed to make its producer");
+}
+is(relay_pid($node, 'postgres'), $pid, 'still the same relay process');
+
+# A producer that cannot be made (a keystore and no password: that may be
+# in the secrets file, so only the relay can tell) is reported once.
+ok( set_and_reload(
+		'outbox.kafka_config', 'ssl.keystore.location=/nonexistent.p12',
+		qr/outbox relay: could not create the Kafka producer\n.*DETAIL:  \S/),
+	'a producer librdkafka refuses to make is reported by the relay');
+unlike(slurp_file($node->logfile), qr/could not create the Kafka producer: could not create/,
+	'the report says "could not create the Kafka producer" once');
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.kafka_config = '$good'; SELECT pg_reload_conf()");
+$last = emit();
+wait_for_events($kafka2, $topic, [$last]);
+pass('with the old value back, the relay publishes again');
 
 $node->stop;
 done_testing();
