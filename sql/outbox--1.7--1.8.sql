@@ -3,6 +3,270 @@
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.8'" to load this file. \quit
 
 /*
+ * What users must not call moves to a schema of its own, so that schema
+ * outbox holds only the API: the triggers and the event trigger, the
+ * helpers replay(), discard() and cleanup() share, and the calls that
+ * wake a worker at commit (see outbox.sql).  Only the extension's owner
+ * uses it.  The helpers that PUBLIC could execute lose that, and the
+ * functions that call them by name follow.
+ */
+CREATE SCHEMA outbox_internal;
+REVOKE ALL ON SCHEMA outbox_internal FROM PUBLIC;
+COMMENT ON SCHEMA outbox_internal IS
+	'Internal functions of the outbox extension: triggers and helpers, not for users to call';
+ALTER FUNCTION outbox.event_restored() SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.progress_restored() SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.notify_relay() SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.delivered_events() SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.removable_events(timestamptz) SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.lock_dead_letter(uuid) SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.queue_released(uuid) SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.subscriptions_changed() SET SCHEMA outbox_internal;
+ALTER FUNCTION outbox.inbox_wake(text) SET SCHEMA outbox_internal;
+REVOKE ALL ON FUNCTION outbox_internal.delivered_events() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.removable_events(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.lock_dead_letter(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.queue_released(uuid) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION outbox_internal.event_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	INSERT INTO outbox.restored_events (id, txid) VALUES (NEW.id, NEW.txid)
+		ON CONFLICT (id) DO NOTHING;
+	NEW.txid := '3';
+	PERFORM outbox_internal.notify_relay();
+	RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_internal.progress_restored()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) NEW.relay) THEN
+		NEW.relay := 'restored ' || outbox.uuid_v7()::text;
+	END IF;
+	PERFORM outbox_internal.notify_relay();
+	RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_internal.removable_events(cutoff timestamptz)
+RETURNS SETOF outbox.events
+LANGUAGE sql STABLE
+AS $$
+	SELECT e.*
+	  FROM outbox_internal.delivered_events() e
+	 WHERE e.created_at OPERATOR(pg_catalog.<) cutoff
+	   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk OPERATOR(pg_catalog.=) e.id)
+	   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id OPERATOR(pg_catalog.=) e.id)
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.replay(event_id uuid)
+RETURNS TABLE (queued_event_id uuid, aggregate_type text, aggregate_id text,
+			   seq bigint, was text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	head	outbox.dead_letters;
+BEGIN
+	head := outbox_internal.lock_dead_letter(replay.event_id);
+	IF head.event_id IS NULL THEN
+		IF EXISTS (SELECT 1 FROM outbox.events e WHERE e.event_id = replay.event_id) THEN
+			RAISE EXCEPTION 'event % is not quarantined', replay.event_id
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  HINT = 'To publish delivered events again, use outbox.replay(since, until).';
+		END IF;
+		RAISE EXCEPTION 'event % does not exist', replay.event_id
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF head.state = 'parked' THEN
+		RAISE EXCEPTION 'event % is parked, not quarantined', replay.event_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = format('It waits behind event %s; replay or discard that one.', head.blocked_by);
+	ELSIF head.state <> 'quarantined' THEN
+		RAISE EXCEPTION 'event % is %, not quarantined', replay.event_id, head.state
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+
+	RETURN QUERY
+	SELECT c.event_id, c.aggregate_type, c.aggregate_id, c.seq,
+		   CASE WHEN c.event_id = head.event_id THEN 'quarantined' ELSE 'parked' END
+	  FROM outbox_internal.queue_released(head.event_id) c ORDER BY c.event_pk;
+	PERFORM outbox_internal.notify_relay();
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.discard(event_id uuid)
+RETURNS TABLE (affected_event_id uuid, aggregate_type text, aggregate_id text,
+			   seq bigint, action text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	head	outbox.dead_letters;
+BEGIN
+	head := outbox_internal.lock_dead_letter(discard.event_id);
+	IF head.event_id IS NULL OR head.state <> 'quarantined' THEN
+		RAISE EXCEPTION 'event % is not quarantined', discard.event_id
+			USING ERRCODE = CASE WHEN head.event_id IS NULL THEN 'undefined_object'
+								 ELSE 'object_not_in_prerequisite_state' END;
+	END IF;
+
+	UPDATE outbox.dead_letters d SET state = 'discarded', resolved_at = now()
+	 WHERE d.event_id = head.event_id;
+	RETURN QUERY
+	SELECT head.event_id, head.aggregate_type, head.aggregate_id, head.seq, 'discarded'::text;
+	/* as in replay(): also what waits behind a head already gone */
+	RETURN QUERY
+	SELECT r.event_id, r.aggregate_type, r.aggregate_id, r.seq, 'released'::text
+	  FROM outbox_internal.queue_released(head.event_id) r ORDER BY r.event_pk;
+	PERFORM outbox_internal.notify_relay();
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.replay(since timestamptz, until timestamptz,
+							  aggregate_type text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	queued	bigint;
+BEGIN
+	IF since IS NULL OR until IS NULL THEN
+		RAISE EXCEPTION 'since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF since >= until THEN
+		RAISE EXCEPTION 'since must be earlier than until'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	INSERT INTO outbox.replay_queue (event_pk, dead_letter)
+	SELECT e.id, false
+	  FROM outbox_internal.delivered_events() e
+	 WHERE e.created_at >= since AND e.created_at < until
+	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
+	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+					    WHERE d.event_id = e.event_id AND d.state = 'discarded')
+	 ORDER BY e.id;
+	GET DIAGNOSTICS queued = ROW_COUNT;
+	PERFORM outbox_internal.notify_relay();
+	RETURN queued;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.cleanup(dry_run boolean DEFAULT true, max_events integer DEFAULT 10000)
+RETURNS TABLE (events bigint, oldest timestamptz, newest timestamptz, deleted boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	cutoff	timestamptz;
+BEGIN
+	IF dry_run IS NULL OR max_events IS NULL OR max_events < 1 THEN
+		RAISE EXCEPTION 'max_events must be at least 1 and dry_run not null'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	/*
+	 * outbox.retention and its default belong to the library.  A session
+	 * that has not loaded it (no shared_preload_libraries) defines the
+	 * setting by calling one of its functions.
+	 */
+	PERFORM outbox.uuid_v7();
+	cutoff := now() - (SELECT s.setting::bigint * interval '1 second'
+						 FROM pg_settings s WHERE s.name = 'outbox.retention');
+
+	IF dry_run THEN
+		RETURN QUERY
+		SELECT count(*), min(e.created_at), max(e.created_at), false
+		  FROM outbox_internal.removable_events(cutoff) e;
+		RETURN;
+	END IF;
+
+	RETURN QUERY
+	WITH doomed AS (
+		SELECT e.id FROM outbox_internal.removable_events(cutoff) e
+		 ORDER BY e.id LIMIT max_events
+	), gone AS (
+		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id
+		RETURNING e.created_at
+	)
+	SELECT count(*), min(g.created_at), max(g.created_at), true FROM gone g;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.inbox_replay(subscription text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	queued bigint;
+	grp text;
+BEGIN
+	IF inbox_replay.subscription IS NULL THEN
+		RAISE EXCEPTION 'subscription must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	grp := coalesce((SELECT s.group_id FROM outbox.subscriptions s
+					  WHERE s.name OPERATOR(pg_catalog.=) inbox_replay.subscription),
+					inbox_replay.subscription);
+	IF inbox_replay.id IS NOT NULL AND NOT EXISTS (
+		SELECT 1 FROM outbox.inbox_dead_letters d
+		 WHERE d.consumer_group OPERATOR(pg_catalog.=) grp
+		   AND d.id OPERATOR(pg_catalog.=) inbox_replay.id
+		   AND d.state OPERATOR(pg_catalog.=) 'dead') THEN
+		RAISE EXCEPTION 'subscription "%" has no dead message %', inbox_replay.subscription, inbox_replay.id
+			USING ERRCODE = 'no_data_found';
+	END IF;
+	UPDATE outbox.inbox_dead_letters d SET state = 'replay'
+	 WHERE d.consumer_group OPERATOR(pg_catalog.=) grp
+	   AND d.state OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'parked'])
+	   AND (inbox_replay.id IS NULL
+			OR d.id OPERATOR(pg_catalog.=) inbox_replay.id
+			OR d.blocked_by OPERATOR(pg_catalog.=) inbox_replay.id);
+	GET DIAGNOSTICS queued = ROW_COUNT;
+	PERFORM outbox_internal.inbox_wake(s.name) FROM outbox.subscriptions s
+	  WHERE s.group_id OPERATOR(pg_catalog.=) grp;
+	RETURN queued;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.inbox_discard(subscription text, id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	grp text;
+BEGIN
+	IF inbox_discard.subscription IS NULL OR inbox_discard.id IS NULL THEN
+		RAISE EXCEPTION 'subscription and id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	grp := coalesce((SELECT s.group_id FROM outbox.subscriptions s
+					  WHERE s.name OPERATOR(pg_catalog.=) inbox_discard.subscription),
+					inbox_discard.subscription);
+	DELETE FROM outbox.inbox_dead_letters d
+	 WHERE d.consumer_group OPERATOR(pg_catalog.=) grp
+	   AND d.id OPERATOR(pg_catalog.=) inbox_discard.id
+	   AND d.state OPERATOR(pg_catalog.<>) 'replay';
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox_internal.inbox_wake(s.name) FROM outbox.subscriptions s
+	  WHERE s.group_id OPERATOR(pg_catalog.=) grp;
+	RETURN true;
+END
+$$;
+
+/*
  * Subscriptions record their handler's owner: the worker runs no function
  * of the handler's name owned by another role (a dropped handler's name,
  * taken by a role that may create functions in its schema, ran as the
@@ -119,7 +383,7 @@ REVOKE ALL ON FUNCTION outbox.unsubscribe(text, boolean) FROM PUBLIC;
  * cannot pin another role's function this way.  SECURITY DEFINER: the
  * dropping role need not see outbox.subscriptions.
  */
-CREATE FUNCTION outbox.refuse_handler_drop()
+CREATE FUNCTION outbox_internal.refuse_handler_drop()
 RETURNS event_trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -146,11 +410,11 @@ BEGIN
 	END LOOP;
 END
 $$;
-COMMENT ON FUNCTION outbox.refuse_handler_drop() IS
+COMMENT ON FUNCTION outbox_internal.refuse_handler_drop() IS
 	'Event trigger: refuses to drop a function that a subscription uses as its handler';
-REVOKE ALL ON FUNCTION outbox.refuse_handler_drop() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.refuse_handler_drop() FROM PUBLIC;
 CREATE EVENT TRIGGER outbox_refuse_handler_drop ON sql_drop
-	EXECUTE FUNCTION outbox.refuse_handler_drop();
+	EXECUTE FUNCTION outbox_internal.refuse_handler_drop();
 
 /*
  * The groups that have state today: a group with subscriptions belongs to
@@ -225,7 +489,7 @@ COMMENT ON TABLE outbox.origin IS
 SELECT pg_catalog.pg_extension_config_dump('outbox.origin', '');
 REVOKE ALL ON outbox.origin FROM PUBLIC;
 
-CREATE FUNCTION outbox.origin_restored()
+CREATE FUNCTION outbox_internal.origin_restored()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -235,11 +499,11 @@ BEGIN
 	RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION outbox.origin_restored() IS
+COMMENT ON FUNCTION outbox_internal.origin_restored() IS
 	'Trigger: a restored origin replaces the one the install made';
-REVOKE ALL ON FUNCTION outbox.origin_restored() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.origin_restored() FROM PUBLIC;
 CREATE TRIGGER origin_restored BEFORE INSERT ON outbox.origin
-	FOR EACH ROW EXECUTE FUNCTION outbox.origin_restored();
+	FOR EACH ROW EXECUTE FUNCTION outbox_internal.origin_restored();
 INSERT INTO outbox.origin DEFAULT VALUES;
 
 /*

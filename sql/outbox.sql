@@ -48,8 +48,24 @@ END
 $$;
 
 /*
+ * What users must not call lives in a schema of its own, so that schema
+ * outbox holds only the API: the triggers and the event trigger, the
+ * helpers replay(), discard() and cleanup() share, and the calls that
+ * wake a worker at commit.  Only the extension's owner (a superuser: the
+ * relay's role too) uses it.  A trigger fires for any writer without
+ * EXECUTE on its function; the restore triggers call notify_relay() with
+ * the writer's rights, so restores run as the owner, as they must to
+ * write the tables at all.  A schema of this name that exists already
+ * stops CREATE EXTENSION.
+ */
+CREATE SCHEMA outbox_internal;
+REVOKE ALL ON SCHEMA outbox_internal FROM PUBLIC;
+COMMENT ON SCHEMA outbox_internal IS
+	'Internal functions of the outbox extension: triggers and helpers, not for users to call';
+
+/*
  * The log.  Rows are never updated (but for the txid of restored rows,
- * once, see outbox.event_restored()); delivery state lives in
+ * once, see outbox_internal.event_restored()); delivery state lives in
  * outbox.relay_progress.  Every index is paid by every emit: id (paging),
  * event_id (identity), txid (the relay's snapshot batches).
  */
@@ -119,7 +135,7 @@ COMMENT ON TABLE outbox.relay_progress IS
  * relay starts; this transaction's own id is added to its in-progress list,
  * since events emitted in it are still to be published.  (A NULL snapshot
  * would take every event visible at the first batch, which would include a
- * restore's; see outbox.event_restored().)
+ * restore's; see outbox_internal.event_restored().)
  */
 INSERT INTO outbox.relay_progress (relay, prev_snapshot)
 SELECT 'default',
@@ -152,7 +168,7 @@ CREATE TABLE outbox.restored_events (
 COMMENT ON TABLE outbox.restored_events IS
 	'Events a restore brought in, with their original txid, until the relay has published those not delivered before the dump';
 
-CREATE FUNCTION outbox.event_restored()
+CREATE FUNCTION outbox_internal.event_restored()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -161,18 +177,18 @@ BEGIN
 	INSERT INTO outbox.restored_events (id, txid) VALUES (NEW.id, NEW.txid)
 		ON CONFLICT (id) DO NOTHING;
 	NEW.txid := '3';
-	PERFORM outbox.notify_relay();
+	PERFORM outbox_internal.notify_relay();
 	RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION outbox.event_restored() IS
+COMMENT ON FUNCTION outbox_internal.event_restored() IS
 	'Trigger: an event row inserted with a txid not its transaction''s (a restore) is kept out of the batches until the relay has judged it';
-REVOKE ALL ON FUNCTION outbox.event_restored() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.event_restored() FROM PUBLIC;
 CREATE TRIGGER event_restored BEFORE INSERT ON outbox.events
 	FOR EACH ROW WHEN (NEW.txid OPERATOR(pg_catalog.<>) pg_catalog.pg_current_xact_id())
-	EXECUTE FUNCTION outbox.event_restored();
+	EXECUTE FUNCTION outbox_internal.event_restored();
 
-CREATE FUNCTION outbox.progress_restored()
+CREATE FUNCTION outbox_internal.progress_restored()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -181,15 +197,15 @@ BEGIN
 	IF EXISTS (SELECT 1 FROM outbox.relay_progress p WHERE p.relay OPERATOR(pg_catalog.=) NEW.relay) THEN
 		NEW.relay := 'restored ' || outbox.uuid_v7()::text;
 	END IF;
-	PERFORM outbox.notify_relay();
+	PERFORM outbox_internal.notify_relay();
 	RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION outbox.progress_restored() IS
+COMMENT ON FUNCTION outbox_internal.progress_restored() IS
 	'Trigger: keeps a restored progress row beside this database''s own and wakes the relay';
-REVOKE ALL ON FUNCTION outbox.progress_restored() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.progress_restored() FROM PUBLIC;
 CREATE TRIGGER progress_restored BEFORE INSERT ON outbox.relay_progress
-	FOR EACH ROW EXECUTE FUNCTION outbox.progress_restored();
+	FOR EACH ROW EXECUTE FUNCTION outbox_internal.progress_restored();
 
 /*
  * Events Kafka refused for good, and the events parked behind them.  The
@@ -452,25 +468,25 @@ REVOKE ALL ON outbox.status FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.health(interval) FROM PUBLIC;
 
-CREATE FUNCTION outbox.notify_relay()
+CREATE FUNCTION outbox_internal.notify_relay()
 RETURNS void
 AS 'MODULE_PATHNAME', 'outbox_notify_relay'
 LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION outbox.notify_relay() IS
+COMMENT ON FUNCTION outbox_internal.notify_relay() IS
 	'Wakes this database''s relay when the current transaction commits';
-REVOKE ALL ON FUNCTION outbox.notify_relay() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.notify_relay() FROM PUBLIC;
 
 /*
  * Internal helpers of replay(), discard() and cleanup(), so that what they
- * share is written once.  They run with the caller's own
- * rights, so they keep the default EXECUTE for PUBLIC (a role granted
- * replay() or cleanup() can run what those call), and PUBLIC has no USAGE
- * on the schema.  delivered_events() and removable_events() are SQL without
+ * share is written once.  They run with the caller's own rights, as their
+ * callers do: the extension's owner, or a role it granted those and the
+ * tables they change, which needs USAGE on outbox_internal and EXECUTE on
+ * these as well.  delivered_events() and removable_events() are SQL without
  * a SET clause so that the planner inlines them into the caller's query
  * (an index walk with a LIMIT stays one); their names and operators are
  * therefore all qualified.
  */
-CREATE FUNCTION outbox.delivered_events()
+CREATE FUNCTION outbox_internal.delivered_events()
 RETURNS SETOF outbox.events
 LANGUAGE sql STABLE
 AS $$
@@ -483,27 +499,27 @@ AS $$
 						  AND d.state OPERATOR(pg_catalog.=) ANY (ARRAY['quarantined', 'parked', 'replaying']))
 	   AND NOT EXISTS (SELECT 1 FROM outbox.held h WHERE h.id OPERATOR(pg_catalog.=) e.id)
 $$;
-COMMENT ON FUNCTION outbox.delivered_events() IS
+COMMENT ON FUNCTION outbox_internal.delivered_events() IS
 	'Internal: the events the relay has delivered that no quarantined, parked or replaying dead letter and no hold keeps';
 
-CREATE FUNCTION outbox.removable_events(cutoff timestamptz)
+CREATE FUNCTION outbox_internal.removable_events(cutoff timestamptz)
 RETURNS SETOF outbox.events
 LANGUAGE sql STABLE
 AS $$
 	SELECT e.*
-	  FROM outbox.delivered_events() e
+	  FROM outbox_internal.delivered_events() e
 	 WHERE e.created_at OPERATOR(pg_catalog.<) cutoff
 	   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk OPERATOR(pg_catalog.=) e.id)
 	   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id OPERATOR(pg_catalog.=) e.id)
 $$;
-COMMENT ON FUNCTION outbox.removable_events(timestamptz) IS
+COMMENT ON FUNCTION outbox_internal.removable_events(timestamptz) IS
 	'Internal: the delivered events created before cutoff that nothing needs any more: not held, not queued for replay, not a restored event the relay has not judged';
 
 /*
  * The dead letter of event_id, locked until the transaction ends; a row of
  * NULLs when there is none.
  */
-CREATE FUNCTION outbox.lock_dead_letter(event_id uuid)
+CREATE FUNCTION outbox_internal.lock_dead_letter(event_id uuid)
 RETURNS outbox.dead_letters
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -519,7 +535,7 @@ BEGIN
 	RETURN letter;
 END
 $$;
-COMMENT ON FUNCTION outbox.lock_dead_letter(uuid) IS
+COMMENT ON FUNCTION outbox_internal.lock_dead_letter(uuid) IS
 	'Internal: the dead letter of an event, locked (replay and discard start here)';
 
 /*
@@ -528,7 +544,7 @@ COMMENT ON FUNCTION outbox.lock_dead_letter(uuid) IS
  * longer holds it back (replayed, discarded, queued): such an event has no
  * other way out.  Returns their dead letters, now replaying.
  */
-CREATE FUNCTION outbox.queue_released(head uuid)
+CREATE FUNCTION outbox_internal.queue_released(head uuid)
 RETURNS SETOF outbox.dead_letters
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -548,8 +564,12 @@ AS $$
 	)
 	SELECT * FROM chosen c ORDER BY c.event_pk
 $$;
-COMMENT ON FUNCTION outbox.queue_released(uuid) IS
+COMMENT ON FUNCTION outbox_internal.queue_released(uuid) IS
 	'Internal: queues a quarantined head and what waits behind it, or behind a head already gone, for replay';
+REVOKE ALL ON FUNCTION outbox_internal.delivered_events() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.removable_events(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.lock_dead_letter(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.queue_released(uuid) FROM PUBLIC;
 
 /*
  * replay(event_id): publish a quarantined event again, then the events
@@ -564,7 +584,7 @@ AS $$
 DECLARE
 	head	outbox.dead_letters;
 BEGIN
-	head := outbox.lock_dead_letter(replay.event_id);
+	head := outbox_internal.lock_dead_letter(replay.event_id);
 	IF head.event_id IS NULL THEN
 		IF EXISTS (SELECT 1 FROM outbox.events e WHERE e.event_id = replay.event_id) THEN
 			RAISE EXCEPTION 'event % is not quarantined', replay.event_id
@@ -586,8 +606,8 @@ BEGIN
 	RETURN QUERY
 	SELECT c.event_id, c.aggregate_type, c.aggregate_id, c.seq,
 		   CASE WHEN c.event_id = head.event_id THEN 'quarantined' ELSE 'parked' END
-	  FROM outbox.queue_released(head.event_id) c ORDER BY c.event_pk;
-	PERFORM outbox.notify_relay();
+	  FROM outbox_internal.queue_released(head.event_id) c ORDER BY c.event_pk;
+	PERFORM outbox_internal.notify_relay();
 END
 $$;
 COMMENT ON FUNCTION outbox.replay(uuid) IS
@@ -603,7 +623,7 @@ AS $$
 DECLARE
 	head	outbox.dead_letters;
 BEGIN
-	head := outbox.lock_dead_letter(discard.event_id);
+	head := outbox_internal.lock_dead_letter(discard.event_id);
 	IF head.event_id IS NULL OR head.state <> 'quarantined' THEN
 		RAISE EXCEPTION 'event % is not quarantined', discard.event_id
 			USING ERRCODE = CASE WHEN head.event_id IS NULL THEN 'undefined_object'
@@ -617,8 +637,8 @@ BEGIN
 	/* as in replay(): also what waits behind a head already gone */
 	RETURN QUERY
 	SELECT r.event_id, r.aggregate_type, r.aggregate_id, r.seq, 'released'::text
-	  FROM outbox.queue_released(head.event_id) r ORDER BY r.event_pk;
-	PERFORM outbox.notify_relay();
+	  FROM outbox_internal.queue_released(head.event_id) r ORDER BY r.event_pk;
+	PERFORM outbox_internal.notify_relay();
 END
 $$;
 COMMENT ON FUNCTION outbox.discard(uuid) IS
@@ -643,14 +663,14 @@ BEGIN
 	END IF;
 	INSERT INTO outbox.replay_queue (event_pk, dead_letter)
 	SELECT e.id, false
-	  FROM outbox.delivered_events() e
+	  FROM outbox_internal.delivered_events() e
 	 WHERE e.created_at >= since AND e.created_at < until
 	   AND (replay.aggregate_type IS NULL OR e.aggregate_type = replay.aggregate_type)
 	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
 					    WHERE d.event_id = e.event_id AND d.state = 'discarded')
 	 ORDER BY e.id;
 	GET DIAGNOSTICS queued = ROW_COUNT;
-	PERFORM outbox.notify_relay();
+	PERFORM outbox_internal.notify_relay();
 	RETURN queued;
 END
 $$;
@@ -685,13 +705,13 @@ BEGIN
 	IF dry_run THEN
 		RETURN QUERY
 		SELECT count(*), min(e.created_at), max(e.created_at), false
-		  FROM outbox.removable_events(cutoff) e;
+		  FROM outbox_internal.removable_events(cutoff) e;
 		RETURN;
 	END IF;
 
 	RETURN QUERY
 	WITH doomed AS (
-		SELECT e.id FROM outbox.removable_events(cutoff) e
+		SELECT e.id FROM outbox_internal.removable_events(cutoff) e
 		 ORDER BY e.id LIMIT max_events
 	), gone AS (
 		DELETE FROM outbox.events e USING doomed WHERE e.id = doomed.id
@@ -976,20 +996,20 @@ AS 'MODULE_PATHNAME', 'outbox_unsubscribe';
 COMMENT ON FUNCTION outbox.unsubscribe(text) IS
 	'Stops a subscription''s worker and removes it (its offsets and dead letters stay); false when there was none';
 
-CREATE FUNCTION outbox.subscriptions_changed()
+CREATE FUNCTION outbox_internal.subscriptions_changed()
 RETURNS trigger
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'outbox_subscriptions_changed';
-REVOKE ALL ON FUNCTION outbox.subscriptions_changed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.subscriptions_changed() FROM PUBLIC;
 CREATE TRIGGER subscriptions_inserted AFTER INSERT ON outbox.subscriptions
 	REFERENCING NEW TABLE AS changed
-	FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox_internal.subscriptions_changed();
 CREATE TRIGGER subscriptions_updated AFTER UPDATE ON outbox.subscriptions
 	REFERENCING NEW TABLE AS changed
-	FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox_internal.subscriptions_changed();
 CREATE TRIGGER subscriptions_deleted AFTER DELETE ON outbox.subscriptions
 	REFERENCING OLD TABLE AS changed
-	FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox_internal.subscriptions_changed();
 
 /*
  * inbox_replay(subscription, id): queue a dead message (or, with id NULL,
@@ -1028,7 +1048,7 @@ BEGIN
 			OR d.id OPERATOR(pg_catalog.=) inbox_replay.id
 			OR d.blocked_by OPERATOR(pg_catalog.=) inbox_replay.id);
 	GET DIAGNOSTICS queued = ROW_COUNT;
-	PERFORM outbox.inbox_wake(s.name) FROM outbox.subscriptions s
+	PERFORM outbox_internal.inbox_wake(s.name) FROM outbox.subscriptions s
 	  WHERE s.group_id OPERATOR(pg_catalog.=) grp;
 	RETURN queued;
 END
@@ -1062,7 +1082,7 @@ BEGIN
 	IF NOT FOUND THEN
 		RETURN false;
 	END IF;
-	PERFORM outbox.inbox_wake(s.name) FROM outbox.subscriptions s
+	PERFORM outbox_internal.inbox_wake(s.name) FROM outbox.subscriptions s
 	  WHERE s.group_id OPERATOR(pg_catalog.=) grp;
 	RETURN true;
 END
@@ -1071,11 +1091,11 @@ COMMENT ON FUNCTION outbox.inbox_discard(text, bigint) IS
 	'Forgets a dead or parked message of a subscription; messages parked behind a discarded one are applied';
 
 /* at commit, wake the subscription's worker (its replays, its parked keys) */
-CREATE FUNCTION outbox.inbox_wake(subscription text)
+CREATE FUNCTION outbox_internal.inbox_wake(subscription text)
 RETURNS void
 LANGUAGE c VOLATILE STRICT
 AS 'MODULE_PATHNAME', 'outbox_inbox_wake';
-REVOKE ALL ON FUNCTION outbox.inbox_wake(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.inbox_wake(text) FROM PUBLIC;
 
 /* what each subscription's worker is doing: read from shared memory */
 CREATE FUNCTION outbox.subscription_status(
@@ -1194,7 +1214,7 @@ REVOKE ALL ON FUNCTION outbox.unsubscribe(text, boolean) FROM PUBLIC;
  * cannot pin another role's function this way.  SECURITY DEFINER: the
  * dropping role need not see outbox.subscriptions.
  */
-CREATE FUNCTION outbox.refuse_handler_drop()
+CREATE FUNCTION outbox_internal.refuse_handler_drop()
 RETURNS event_trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1221,11 +1241,11 @@ BEGIN
 	END LOOP;
 END
 $$;
-COMMENT ON FUNCTION outbox.refuse_handler_drop() IS
+COMMENT ON FUNCTION outbox_internal.refuse_handler_drop() IS
 	'Event trigger: refuses to drop a function that a subscription uses as its handler';
-REVOKE ALL ON FUNCTION outbox.refuse_handler_drop() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.refuse_handler_drop() FROM PUBLIC;
 CREATE EVENT TRIGGER outbox_refuse_handler_drop ON sql_drop
-	EXECUTE FUNCTION outbox.refuse_handler_drop();
+	EXECUTE FUNCTION outbox_internal.refuse_handler_drop();
 
 /* health() also judges the subscriptions: one left without a worker */
 COMMENT ON FUNCTION outbox.health(interval) IS
@@ -1281,7 +1301,7 @@ COMMENT ON TABLE outbox.origin IS
 SELECT pg_catalog.pg_extension_config_dump('outbox.origin', '');
 REVOKE ALL ON outbox.origin FROM PUBLIC;
 
-CREATE FUNCTION outbox.origin_restored()
+CREATE FUNCTION outbox_internal.origin_restored()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1291,11 +1311,11 @@ BEGIN
 	RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION outbox.origin_restored() IS
+COMMENT ON FUNCTION outbox_internal.origin_restored() IS
 	'Trigger: a restored origin replaces the one the install made';
-REVOKE ALL ON FUNCTION outbox.origin_restored() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.origin_restored() FROM PUBLIC;
 CREATE TRIGGER origin_restored BEFORE INSERT ON outbox.origin
-	FOR EACH ROW EXECUTE FUNCTION outbox.origin_restored();
+	FOR EACH ROW EXECUTE FUNCTION outbox_internal.origin_restored();
 INSERT INTO outbox.origin DEFAULT VALUES;
 
 /*

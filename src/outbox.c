@@ -4,10 +4,11 @@
  *		Module entry point: settings and worker registration.
  *
  * Invariants: this file holds no logic.  _PG_init defines every outbox.*
- * setting, and only when loaded through shared_preload_libraries does it
- * ask for shared memory and register the launcher.  Loaded any other way
- * (the first call of outbox.emit() in a session), emit() still works: it
- * only writes a row; publishing needs the preload.
+ * setting and installs the utility hook, and only when loaded through
+ * shared_preload_libraries does it ask for shared memory and register the
+ * launcher.  Loaded any other way (CREATE EXTENSION, or the first call of
+ * outbox.emit() in a session), emit() still works: it only writes a row;
+ * publishing needs the preload.
  *
  *-------------------------------------------------------------------------
  */
@@ -61,6 +62,9 @@ int			outbox_max_subscriptions_per_database;
 int			outbox_retention;
 int			outbox_inbox_retention;
 char	   *outbox_synchronized_standby_slots;
+
+/* what DROP EXTENSION outbox may delete */
+bool		outbox_allow_drop_undelivered;
 
 /* sized at start: defined only while preloading */
 int			outbox_max_databases = OUTBOX_MAX_DATABASES_DEFAULT;
@@ -449,6 +453,23 @@ define_standby_settings(void)
 							   check_standby_slots, assign_standby_slots, NULL);
 }
 
+/*
+ * what DROP EXTENSION outbox may delete; read by the utility hook, in the
+ * backend that drops
+ */
+static void
+define_drop_settings(void)
+{
+	DefineCustomBoolVariable("outbox.allow_drop_undelivered",
+							 "Lets DROP EXTENSION outbox delete committed events not yet delivered to Kafka.",
+							 "Off refuses the drop while events wait for the relay, are held, or are dead "
+							 "letters neither replayed nor discarded.",
+							 &outbox_allow_drop_undelivered,
+							 false,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+}
+
 void
 _PG_init(void)
 {
@@ -458,7 +479,10 @@ _PG_init(void)
 	define_failure_settings();
 	define_subscription_settings();
 	define_standby_settings();
+	define_drop_settings();
 	OutboxEmitInit();
+	/* without the preload too: a session that loaded the library is guarded */
+	OutboxUtilityHookInstall();
 
 	/* a PGC_POSTMASTER setting can only be defined while preloading */
 	if (!process_shared_preload_libraries_in_progress)
@@ -488,6 +512,5 @@ _PG_init(void)
 
 
 	OutboxShmemInstallHooks(OutboxCounterShmemRequest, OutboxCounterShmemInit);
-	OutboxUtilityHookInstall();
 	OutboxLauncherRegisterStatic();
 }

@@ -135,6 +135,7 @@ extern int	outbox_inbox_retention;
 extern int	outbox_delivery_timeout;
 extern int	outbox_hold_after;
 extern char *outbox_synchronized_standby_slots;
+extern bool outbox_allow_drop_undelivered;
 
 /*
  * outbox.synchronized_standby_slots as the relay reads it: the slot names,

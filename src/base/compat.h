@@ -70,13 +70,23 @@ OutboxWaitEvent(uint32 *cache, const char *name)
  */
 #if PG_VERSION_NUM >= 160000
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_namespace.h"
 #include "utils/acl.h"
 #define OutboxDatabaseOwnercheck(dboid, roleid) \
 	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
+#define OutboxExtensionOwnercheck(extoid, roleid) \
+	object_ownercheck(ExtensionRelationId, (extoid), (roleid))
+#define OutboxSchemaOwnercheck(nspoid, roleid) \
+	object_ownercheck(NamespaceRelationId, (nspoid), (roleid))
 #else
 #include "utils/acl.h"
 #define OutboxDatabaseOwnercheck(dboid, roleid) \
 	pg_database_ownercheck((dboid), (roleid))
+#define OutboxExtensionOwnercheck(extoid, roleid) \
+	pg_extension_ownercheck((extoid), (roleid))
+#define OutboxSchemaOwnercheck(nspoid, roleid) \
+	pg_namespace_ownercheck((nspoid), (roleid))
 #endif
 
 /* ---- 1.3c EXECUTE checks ----------------------------------------------
@@ -284,6 +294,42 @@ typedef bool OutboxUpdateIndexes;
 #else
 #define OutboxReadRecentBuffer(rel, block, buffer) \
 	ReadRecentBuffer((rel)->rd_node, MAIN_FORKNUM, (block), (buffer))
+#endif
+
+/* ---- 1.10 An extension's schema ---------------------------------------
+ *
+ * 17 exports get_extension_schema(); before, it is static in extension.c,
+ * and OutboxExtensionSchema(extoid) reads pg_extension as it does.
+ * InvalidOid when there is no such extension.
+ */
+#if PG_VERSION_NUM >= 170000
+#include "commands/extension.h"
+#define OutboxExtensionSchema(extoid) get_extension_schema(extoid)
+#else
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/pg_extension.h"
+#include "utils/fmgroids.h"
+static inline Oid
+OutboxExtensionSchema(Oid extoid)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Oid			nsp = InvalidOid;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		nsp = ((Form_pg_extension) GETSTRUCT(tup))->extnamespace;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return nsp;
+}
 #endif
 
 /* ========================================================================

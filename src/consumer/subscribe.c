@@ -705,7 +705,7 @@ outbox_subscriptions_changed(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("outbox.subscriptions_changed() is a trigger")));
+				 errmsg("outbox_internal.subscriptions_changed() is a trigger")));
 	remember_names(trigdata->tg_oldtable, RelationGetDescr(trigdata->tg_relation));
 	remember_names(trigdata->tg_newtable, RelationGetDescr(trigdata->tg_relation));
 	return PointerGetDatum(NULL);
@@ -713,8 +713,8 @@ outbox_subscriptions_changed(PG_FUNCTION_ARGS)
 
 /*
  * outbox_inbox_wake
- *		SQL outbox.inbox_wake(subscription): at commit, the worker looks at
- *		its replays and parked keys.
+ *		SQL outbox_internal.inbox_wake(subscription): at commit, the
+ *		worker looks at its replays and parked keys.
  */
 Datum
 outbox_inbox_wake(PG_FUNCTION_ARGS)

@@ -229,9 +229,9 @@ outbox_emit(PG_FUNCTION_ARGS)
 
 /*
  * outbox_notify_relay
- *		SQL outbox.notify_relay(): wake the relay when this transaction
- *		commits and have it look at the replay queue (replay and discard
- *		queue work for it).
+ *		SQL outbox_internal.notify_relay(): wake the relay when this
+ *		transaction commits and have it look at the replay queue (replay
+ *		and discard queue work for it).
  */
 Datum
 outbox_notify_relay(PG_FUNCTION_ARGS)

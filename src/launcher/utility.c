@@ -12,6 +12,10 @@
  *	- CREATE EXTENSION outbox asks the launcher for a probe at commit, so
  *	  the relay starts at once; DROP EXTENSION outbox has the relay check
  *	  for its extension at commit, even while it is paused.
+ *	- DROP EXTENSION outbox, and DROP SCHEMA outbox CASCADE, which drops
+ *	  it too, are refused while committed events are not delivered (the
+ *	  store counts them), unless outbox.allow_drop_undelivered is on or
+ *	  pg_upgrade runs the command.
  *	- PREPARE TRANSACTION hands its gid to handoff.c; emit.c's PREPARE callback
  *	  hands the transaction's event count to OutboxNotePrepared, which
  *	  files it in shared memory under the gid.  COMMIT PREPARED takes the
@@ -31,8 +35,13 @@
  *	  abort and at PREPARE TRANSACTION: COMMIT PREPARED of a CREATE or
  *	  DROP EXTENSION outbox tells nobody.
  *	- Nothing here runs SQL: it reads the catalogs through their caches
- *	  and calls relay_slots.c (holds, wake-ups) and handoff.c (probes, prepared
- *	  counts).
+ *	  and calls relay_slots.c (holds, wake-ups), handoff.c (probes, prepared
+ *	  counts) and the store (what a drop would delete).
+ *	- Installed whenever the library is loaded: by the preload, and else
+ *	  in a session once it loads it (CREATE EXTENSION, emit()).  Without
+ *	  the preload there is no shared memory: the holds, probes and
+ *	  wake-ups find none and do nothing; the drop is guarded all the same.
+ *	  A session that has not loaded the library runs no hook at all.
  *
  *-------------------------------------------------------------------------
  */
@@ -41,17 +50,24 @@
 #include "access/htup_details.h"
 #include "access/twophase.h"
 #include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
+#include "commands/extension.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "storage/lmgr.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/syscache.h"
 
 #include "base/compat.h"
+#include "base/base.h"
 #include "shmem/shmem.h"
+#include "store/store.h"
 #include "launcher/launcher.h"
 
 /* how long a command holds its database's relay off */
@@ -133,17 +149,81 @@ has_option(List *options, const char *name, char **value)
 	return false;
 }
 
+/*
+ * drops_outbox
+ *		Whether stmt drops the extension: DROP EXTENSION outbox, or DROP
+ *		SCHEMA outbox CASCADE (its schema, which the extension depends on).
+ */
 static bool
 drops_outbox(DropStmt *stmt)
 {
 	ListCell   *lc;
 
-	if (stmt->removeType != OBJECT_EXTENSION)
+	if (stmt->removeType != OBJECT_EXTENSION &&
+		!(stmt->removeType == OBJECT_SCHEMA && stmt->behavior == DROP_CASCADE))
 		return false;
 	foreach(lc, stmt->objects)
 		if (strcmp(strVal(lfirst(lc)), "outbox") == 0)
 			return true;
 	return false;
+}
+
+/*
+ * may_drop_outbox
+ *		Whether the command would get past its ownership check (a refused
+ *		one needs no count, which the caller may not even read).
+ */
+static bool
+may_drop_outbox(DropStmt *stmt, Oid extoid, Oid nsp)
+{
+	if (stmt->removeType == OBJECT_EXTENSION)
+		return OutboxExtensionOwnercheck(extoid, GetUserId());
+	/* DROP SCHEMA: when the extension is still in the schema of that name */
+	return nsp == get_namespace_oid("outbox", true) &&
+		OutboxSchemaOwnercheck(nsp, GetUserId());
+}
+
+/*
+ * refuse_undelivered_drop
+ *		Refuse stmt, which drops the extension, while committed events are
+ *		not delivered: it would delete them.  Not when the setting allows
+ *		it, in pg_upgrade (which restores the extension as it was), in a
+ *		command refused anyway (recovery, read-only, not the owner).
+ */
+static void
+refuse_undelivered_drop(DropStmt *stmt)
+{
+	Oid			extoid;
+	Oid			nsp;
+	OutboxUndelivered n;
+	int64		total;
+
+	if (outbox_allow_drop_undelivered || IsBinaryUpgrade ||
+		RecoveryInProgress() || XactReadOnly)
+		return;
+	extoid = get_extension_oid("outbox", true);
+	if (!OidIsValid(extoid))
+		return;
+	nsp = OutboxExtensionSchema(extoid);
+	if (!OidIsValid(nsp) || !may_drop_outbox(stmt, extoid, nsp))
+		return;
+	/* the lock the drop takes first: concurrent drops queue before counting */
+	LockDatabaseObject(ExtensionRelationId, extoid, 0, AccessExclusiveLock);
+	OutboxStoreCountUndelivered(nsp, &n);
+	total = n.waiting + n.held + n.dead;
+	if (total == 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg_plural("cannot drop extension outbox while %lld committed event is not delivered to Kafka",
+						   "cannot drop extension outbox while %lld committed events are not delivered to Kafka",
+						   total, (long long) total),
+			 errdetail("Waiting for the relay: %lld; held for a Kafka partition: %lld; "
+					   "dead letters neither replayed nor discarded: %lld. "
+					   "Dropping the extension deletes them.",
+					   (long long) n.waiting, (long long) n.held, (long long) n.dead),
+			 errhint("Let the relay deliver them and replay or discard the dead letters, "
+					 "or run SET outbox.allow_drop_undelivered = on to drop them on purpose.")));
 }
 
 /*
@@ -240,6 +320,8 @@ outbox_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 
 	if (OidIsValid(hold))
 		OutboxHoldDatabase(hold, OUTBOX_HOLD_MS);
+	if (IsA(node, DropStmt) && drops_outbox((DropStmt *) node))
+		refuse_undelivered_drop((DropStmt *) node);
 	finish_gid = note_for_commit(node);
 
 	if (prev_utility_hook)
@@ -288,7 +370,8 @@ utility_xact_callback(XactEvent event, void *arg)
 
 /*
  * OutboxUtilityHookInstall
- *		Install the utility hook and its commit callback (preload only).
+ *		Install the utility hook and its commit callback, once per process
+ *		(by the preload, or in the session that loads the library).
  */
 void
 OutboxUtilityHookInstall(void)

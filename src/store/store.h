@@ -2,7 +2,8 @@
  *
  * store/store.h
  *		The relay's SQL: progress, pages of events and of the replay queue,
- *		dead letters, held partitions, retention and restored events.
+ *		dead letters, held partitions, retention and restored events; and
+ *		what dropping the extension would lose.
  *
  * What the store room offers to the rooms above it; a file includes only
  * the headers of rooms below its own (docs/design.md).
@@ -87,6 +88,19 @@ extern int	OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 								OutboxEvent **events, MemoryContext cxt);
 extern void OutboxStoreDeleteHeld(int64 id);
 extern int64 OutboxStoreEndHold(const char *topic, int32 partition);
+
+/*
+ * store_undelivered.c: what dropping the extension would delete undelivered
+ * (for the utility hook, in a user backend)
+ */
+typedef struct OutboxUndelivered
+{
+	int64		waiting;		/* not delivered by the relay's progress, or restored and not judged */
+	int64		held;			/* in outbox.held */
+	int64		dead;			/* dead letters neither replayed nor discarded */
+} OutboxUndelivered;
+
+extern void OutboxStoreCountUndelivered(Oid nsp, OutboxUndelivered *counts);
 
 /* an aggregate whose events wait behind a quarantined one */
 typedef struct OutboxBlocked

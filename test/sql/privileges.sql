@@ -83,3 +83,43 @@ SELECT t.err($$SELECT * FROM outbox.holds()$$);
 RESET ROLE;
 REVOKE USAGE ON SCHEMA outbox FROM outbox_stranger;
 DROP ROLE outbox_stranger;
+
+-- The internals live in schema outbox_internal: schema outbox lists only
+-- what users may call, and no role but the owner runs the internals.
+SELECT count(*) AS internals_in_outbox
+  FROM pg_proc p
+ WHERE p.pronamespace = 'outbox'::regnamespace
+   AND p.proname IN ('delivered_events', 'removable_events', 'lock_dead_letter', 'queue_released',
+					 'notify_relay', 'inbox_wake', 'event_restored', 'origin_restored',
+					 'progress_restored', 'subscriptions_changed', 'refuse_handler_drop');
+-- a call of each internal function, every argument NULL (from a subquery,
+-- or the planner would fold a strict function's call without a check)
+CREATE VIEW t.internal_calls AS
+SELECT p.oid::regprocedure AS internal,
+	   format('SELECT %s.%I(%s)', n.nspname, p.proname,
+			  (SELECT coalesce(string_agg('(SELECT NULL::' || format_type(a.t, NULL) || ')', ', '), '')
+				 FROM unnest(p.proargtypes::oid[]) a(t))) AS call
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'outbox_internal';
+GRANT SELECT ON t.internal_calls TO PUBLIC;
+-- a hostile role with the writer's grants: the schema is closed to it
+CREATE ROLE outbox_hostile;
+GRANT USAGE ON SCHEMA outbox TO outbox_hostile;
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz)
+  TO outbox_hostile;
+SET ROLE outbox_hostile;
+SELECT c.internal, t.err(c.call) AS refused FROM t.internal_calls c ORDER BY c.internal::text;
+RESET ROLE;
+-- USAGE on the schema given by mistake still runs none of them
+GRANT USAGE ON SCHEMA outbox_internal TO outbox_hostile;
+SET ROLE outbox_hostile;
+SELECT c.internal, t.err(c.call) AS refused FROM t.internal_calls c ORDER BY c.internal::text;
+-- nor may it plant a function there
+SELECT t.err($$CREATE FUNCTION outbox_internal.notify_relay(x int) RETURNS void LANGUAGE sql AS ''$$);
+RESET ROLE;
+REVOKE ALL ON SCHEMA outbox_internal FROM outbox_hostile;
+REVOKE ALL ON SCHEMA outbox FROM outbox_hostile;
+REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz)
+  FROM outbox_hostile;
+DROP ROLE outbox_hostile;
+DROP VIEW t.internal_calls;

@@ -113,9 +113,9 @@ BEGIN
 	RETURN false;
 END
 $$;
-SELECT t.plan_has($$SELECT e.id FROM outbox.removable_events(now()) e ORDER BY e.id LIMIT 10$$,
+SELECT t.plan_has($$SELECT e.id FROM outbox_internal.removable_events(now()) e ORDER BY e.id LIMIT 10$$,
 				  'Function Scan') AS removable_not_inlined,
-	   t.plan_has($$SELECT e.id FROM outbox.delivered_events() e$$,
+	   t.plan_has($$SELECT e.id FROM outbox_internal.delivered_events() e$$,
 				  'Function Scan') AS delivered_not_inlined;
 
 -- outbox.retention and its default live in the library only: in a session

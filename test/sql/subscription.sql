@@ -80,8 +80,8 @@ SELECT t.err($$SELECT * FROM outbox.inbox_offsets$$);
 SELECT t.err($$SELECT * FROM outbox.inbox_dead_letters$$);
 SELECT t.err($$SELECT outbox.inbox_replay('s')$$);
 SELECT t.err($$SELECT outbox.inbox_discard('s', 1)$$);
-SELECT t.err($$SELECT outbox.subscriptions_changed()$$);
-SELECT t.err($$SELECT outbox.inbox_wake('s')$$);
+SELECT t.err($$SELECT outbox_internal.subscriptions_changed()$$);
+SELECT t.err($$SELECT outbox_internal.inbox_wake('s')$$);
 SELECT t.err($$SELECT * FROM outbox.subscription_lag()$$);
 -- another role's group is not for joining: its members share offsets and dedupe
 SELECT t.err($$SELECT outbox.subscribe('s2', ARRAY['orders'], 'subs.apply(outbox.inbound_message)', group_id => 's')$$);

@@ -74,10 +74,33 @@ ok($gone, sprintf('DROP EXTENSION stops a paused relay as well (%.2f s)', $took)
 $node->safe_psql('db1', 'CREATE EXTENSION outbox');
 ok(relay_state_is($node, 'db1', 'paused'),
 	'CREATE EXTENSION while paused starts a relay that stays paused');
+
+# DROP EXTENSION would delete an event the paused relay has not published:
+# refused, with the way to force it
+my ($waiting) = $node->safe_psql('db1',
+	"SELECT outbox.emit('gamma', 'g-1', 'gamma.noted', '{}')");
+{
+	my ($ret, $out, $err) = $node->psql('db1', 'DROP EXTENSION outbox',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'DROP EXTENSION is refused while an event waits for the paused relay');
+	like($err,
+		qr/ERROR:  55006: cannot drop extension outbox while 1 committed event is not delivered to Kafka/,
+		'with 55006 and how many events wait');
+	like($err, qr/HINT:  .*SET outbox\.allow_drop_undelivered = on to drop them on purpose/,
+		'the hint names the setting that drops them on purpose');
+}
 $node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.enabled');
 $node->safe_psql('postgres', 'SELECT pg_reload_conf()');
 ok(relay_state_is($node, 'db1', 'running'), 'and runs again once publishing is enabled');
 $pid1 = relay_pid($node, 'db1');
+wait_for_events($kafka, 'outbox.event.gamma', [$waiting]);
+ok( $node->poll_query_until(
+		'db1', q{
+SELECT count(*) = 0 FROM outbox.events e, outbox.relay_progress p
+ WHERE p.relay = 'default' AND NOT pg_visible_in_snapshot(e.txid, p.prev_snapshot)}),
+	'the relay records the event delivered');
+is($node->psql('db1', 'BEGIN; DROP EXTENSION outbox; ROLLBACK'),
+	0, 'once it is delivered, DROP EXTENSION goes through');
 
 # --- two databases, two relays, each publishing its own events
 $node->safe_psql('db2', 'CREATE EXTENSION outbox');

@@ -243,10 +243,15 @@ is( $node->safe_psql(
 		'shop', q{
 SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text)
   FROM pg_proc p
- WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+ WHERE p.pronamespace IN ('outbox'::regnamespace, 'outbox_internal'::regnamespace) AND p.prosecdef
    AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)}),
 	'',
 	'every SECURITY DEFINER function of the extension pins search_path to pg_catalog, pg_temp');
+ok( $node->safe_psql(
+		'shop', q{
+SELECT count(*) FROM pg_proc p
+ WHERE p.pronamespace = 'outbox_internal'::regnamespace AND p.prosecdef}) > 0,
+	'the check above covers the internal schema\'s SECURITY DEFINER functions');
 
 # --- CREATE EXTENSION does not adopt a schema somebody else prepared
 $node->safe_psql(
@@ -259,7 +264,7 @@ $node->safe_psql(
 	'squat', q{
 SET ROLE squatter;
 CREATE SCHEMA outbox;
-CREATE FUNCTION outbox.notify_relay() RETURNS void LANGUAGE sql AS 'SELECT';
+CREATE FUNCTION outbox.uuid_v7() RETURNS uuid LANGUAGE sql AS 'SELECT NULL::uuid';
 RESET ROLE;
 });
 {
@@ -285,6 +290,21 @@ $node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox; GRA
 	like($err, qr/ERROR:  42501: schema "outbox" already exists and grants privileges to a role that is not a superuser/,
 		'with 42501');
 }
+# the internal functions' schema is the extension's own, never adopted
+$node->safe_psql('squat', q{
+DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox;
+SET ROLE squatter;
+CREATE SCHEMA outbox_internal;
+CREATE FUNCTION outbox_internal.notify_relay() RETURNS void LANGUAGE sql AS 'SELECT';
+RESET ROLE;
+});
+{
+	my ($ret, $out, $err) = $node->psql('squat', 'CREATE EXTENSION outbox',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	isnt($ret, 0, 'CREATE EXTENSION refuses a schema "outbox_internal" made beforehand');
+	like($err, qr/ERROR:  42P06: schema "outbox_internal" already exists/, 'with 42P06');
+}
+$node->safe_psql('squat', 'DROP SCHEMA outbox_internal CASCADE');
 # 1.0 adopted such a schema: updating to 1.1 refuses until it is fixed
 $node->safe_psql('squat', 'DROP SCHEMA outbox CASCADE; CREATE SCHEMA outbox AUTHORIZATION squatter');
 $node->safe_psql('squat', "CREATE EXTENSION outbox VERSION '1.0'");

@@ -1,10 +1,11 @@
 -- test/t/fingerprints/catalog.sql: the outbox extension's catalog as a user
 -- of its objects can observe it, one fact a line, sorted, without an OID;
 -- in grants, the role that installed the extension reads <owner>.  The
--- facts: functions with their attributes, settings, grants and a digest of
--- their source; tables, columns, defaults, constraints, indexes, views,
--- types and triggers; comments; what pg_dump dumps of the configuration
--- tables; the extension's members.
+-- facts: functions, in schema outbox and in outbox_internal (1.8), with
+-- their attributes, settings, grants and a digest of their source; tables,
+-- columns, defaults, constraints, indexes, views, types and triggers;
+-- comments; what pg_dump dumps of the configuration tables; the
+-- extension's members; both schemas' grants.
 --
 -- test/t/007_upgrade.pl compares databases with it: an upgraded one with a
 -- fresh install of the current version, and each upgrade step with the
@@ -33,7 +34,8 @@ facts AS (
 		|| ' args ' || pg_get_function_arguments(p.oid)
 		|| ' comment ' || coalesce(obj_description(p.oid, 'pg_proc'), '-') AS fact
 	  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-	 WHERE p.pronamespace = 'outbox'::regnamespace
+	 WHERE p.pronamespace IN (SELECT n.oid FROM pg_namespace n
+							   WHERE n.nspname IN ('outbox', 'outbox_internal'))
 	UNION ALL
 	SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind::text
 		|| ' acl ' || coalesce(c.relacl::text, '-')
@@ -71,6 +73,11 @@ facts AS (
 	SELECT 'schema acl ' || coalesce(n.nspacl::text, '-') || ' owner super '
 		|| (SELECT rolsuper FROM pg_roles WHERE oid = n.nspowner)
 	  FROM pg_namespace n WHERE n.nspname = 'outbox'
+	UNION ALL
+	SELECT 'schema outbox_internal acl ' || coalesce(n.nspacl::text, '-')
+		|| ' owner super ' || (SELECT rolsuper FROM pg_roles WHERE oid = n.nspowner)
+		|| ' comment ' || coalesce(obj_description(n.oid, 'pg_namespace'), '-')
+	  FROM pg_namespace n WHERE n.nspname = 'outbox_internal'
 ),
 -- the installing role as aclitem prints it, escaped for a regular expression
 installer AS (
