@@ -1,4 +1,4 @@
-# test/t/024_docs_drift.pl: the reference pages say what the server says.
+# test/t/026_docs_drift.pl: the reference pages say what the server says.
 #
 # On a server started with shared_preload_libraries = 'outbox' and no other
 # outbox setting, with the extension created:
