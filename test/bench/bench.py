@@ -50,6 +50,8 @@ import time
 
 import psycopg2
 
+import benchdoc
+
 QUICK = "--quick" in sys.argv
 # --sections=emit,drain,latency,idle,held runs a subset; latency without
 # drain takes the drain rate (and baseline batch) from --drain-rate=N,B
@@ -58,6 +60,8 @@ SECTIONS = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith
 GIVEN_DRAIN = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--drain-rate=")),
                    None)
 SMOKE = "--smoke" in sys.argv      # checks the script itself, in a minute
+# the sections that ran to their end replace theirs on docs/benchmarks.md
+WRITE_DOCS = "--write-docs" in sys.argv
 BACKLOG = 20_000 if SMOKE else 200_000 if QUICK else 1_000_000
 HELD_BACKLOG = 10_000 if SMOKE else 100_000 if QUICK else 200_000
 AGGREGATES = 10_000
@@ -946,6 +950,8 @@ def bench_debezium(server, conn):
         dbz_version = subprocess.run([DBZ_TOOL, "version"], check=True, capture_output=True,
                                      text=True).stdout.strip()
         print(f"  (Apache Kafka 3.9.1, 3 brokers: {boot}; Debezium Server {dbz_version})", flush=True)
+        KAFKA["debezium"] = ("Apache Kafka 3.9.1 (test/kafka/apache), 3 brokers on the same machine; "
+                             f"Debezium Server {dbz_version}")
         dbz.start()
         dbz.wait_streaming(conn)
         w = Watch(boot, "outbox.event.dprobe", 1, 120)
@@ -1356,43 +1362,62 @@ def server_brokers(conn):
     return q1(conn, "SHOW outbox.kafka_brokers")
 
 
+# the Kafka each section publishes to, where not the mock cluster
+KAFKA = {}
+
+
 def main():
+    if WRITE_DOCS and SMOKE:
+        sys.exit("bench.py: --smoke checks the script; its figures are not for docs/benchmarks.md")
     broker = Broker()
     server = Server(broker.bootstrap, logical="debezium" in SECTIONS)
+    ran = []
+
+    def section(name, fn, *args):
+        """runs one section, and keeps its rows for the page once it ends"""
+        first = len(rows)
+        result = fn(*args)
+        ran.append((name, KAFKA.get(name, benchdoc.MOCK_KAFKA),
+                    time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows[first:]))
+        return result
+
     try:
         conn = server.connect()
         q(conn, "CREATE EXTENSION outbox")
         q(conn, "CREATE EXTENSION pg_stat_statements")
-        cpu = open("/proc/cpuinfo").read()
-        model = re.search(r"model name\s*:\s*(.*)", cpu).group(1)
-        print(f"machine: {os.cpu_count()} cores, {model}; PostgreSQL "
-              f"{q1(conn, 'SHOW server_version')}; librdkafka mock cluster, 3 brokers"
+        pkglibdir = subprocess.check_output(["pg_config", "--pkglibdir"], text=True).strip()
+        facts = {"command": " ".join(["test/bench/run-bench"] + sys.argv[1:]),
+                 "commit": benchdoc.commit(ROOT), "machine": benchdoc.machine(),
+                 "software": benchdoc.software(q1(conn, "SHOW server_version"), pkglibdir)}
+        print(f"machine: {facts['machine']}; {facts['software']}; {benchdoc.MOCK_KAFKA}"
               f"{'; --quick' if QUICK else ''}", flush=True)
         print(f"  {'section':10} {'case':52} {'value':>12} {'unit':8} {'ratio':>8} note")
         if "emit" in SECTIONS:
-            bench_emit(server, conn)
+            section("emit", bench_emit, server, conn)
         if "drain" in SECTIONS:
-            drain_rate, best = bench_drain(server, conn, broker.bootstrap)
+            drain_rate, best = section("drain", bench_drain, server, conn, broker.bootstrap)
         elif GIVEN_DRAIN:
             drain_rate, best = float(GIVEN_DRAIN[0]), (0, int(GIVEN_DRAIN[1]))
             make_plain_outbox(conn)
         if "latency" in SECTIONS:
-            bench_latency(server, conn, broker.bootstrap, drain_rate, best[1])
+            section("latency", bench_latency, server, conn, broker.bootstrap, drain_rate, best[1])
         if "idle" in SECTIONS:
-            bench_idle(conn, broker.bootstrap)
+            section("idle", bench_idle, conn, broker.bootstrap)
         if "held" in SECTIONS:
-            bench_held_xmin(conn)
+            section("held", bench_held_xmin, conn)
         if "bigtx" in SECTIONS:
-            bench_bigtx(conn)
+            section("bigtx", bench_bigtx, conn)
         if "opentx" in SECTIONS:
-            bench_opentx(conn)
+            section("opentx", bench_opentx, conn)
         if "inbox" in SECTIONS:
-            bench_inbox(server, conn)
+            section("inbox", bench_inbox, server, conn)
         if "debezium" in SECTIONS:
-            bench_debezium(server, conn)
+            section("debezium", bench_debezium, server, conn)
     finally:
         server.stop()
         broker.stop()
+        if WRITE_DOCS and ran:
+            print(f"written: {benchdoc.write(ROOT, __doc__, facts, ran)}", flush=True)
 
 
 if __name__ == "__main__":
