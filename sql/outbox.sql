@@ -766,6 +766,7 @@ CREATE INDEX inbox_consumed_at_idx ON outbox.inbox (consumed_at);
 /* dedupe state must survive a dump and restore, or events are applied twice */
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox', '');
 
+/* consumer names starting with 'outbox:' or 'outbox;' belong to the subscriptions */
 CREATE FUNCTION outbox.consume_once(consumer text, event_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -784,6 +785,10 @@ BEGIN
 	END IF;
 	IF pg_catalog.char_length(consume_once.consumer) OPERATOR(pg_catalog.>) 200 THEN
 		RAISE EXCEPTION 'consumer must be at most 200 characters'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF pg_catalog.left(consume_once.consumer, 7) OPERATOR(pg_catalog.=) ANY (ARRAY['outbox:', 'outbox;']) THEN
+		RAISE EXCEPTION 'consumer names starting with "outbox:" or "outbox;" belong to subscriptions'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	INSERT INTO outbox.inbox (consumer, event_id)
@@ -1144,38 +1149,6 @@ REVOKE ALL ON FUNCTION outbox.inbox_replay(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_discard(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_status() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.subscription_lag() FROM PUBLIC;
-
-/* consumer names starting with 'outbox:' or 'outbox;' belong to the subscriptions */
-CREATE OR REPLACE FUNCTION outbox.consume_once(consumer text, event_id uuid)
-RETURNS boolean
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF consume_once.consumer IS NULL THEN
-		RAISE EXCEPTION 'consumer must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF consume_once.event_id IS NULL THEN
-		RAISE EXCEPTION 'event_id must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF pg_catalog.char_length(consume_once.consumer) OPERATOR(pg_catalog.=) 0 THEN
-		RAISE EXCEPTION 'consumer must not be empty' USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF pg_catalog.char_length(consume_once.consumer) OPERATOR(pg_catalog.>) 200 THEN
-		RAISE EXCEPTION 'consumer must be at most 200 characters'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF pg_catalog.left(consume_once.consumer, 7) OPERATOR(pg_catalog.=) ANY (ARRAY['outbox:', 'outbox;']) THEN
-		RAISE EXCEPTION 'consumer names starting with "outbox:" or "outbox;" belong to subscriptions'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	INSERT INTO outbox.inbox (consumer, event_id)
-	VALUES (consume_once.consumer, consume_once.event_id)
-	ON CONFLICT DO NOTHING;
-	RETURN FOUND;
-END
-$$;
 
 /*
  * Consumer groups and who owns them (1.8).  A group's offsets, dedupe rows
