@@ -146,6 +146,12 @@ class Broker:
             time.sleep(0.05)
         self.bootstrap = open(boot).read().strip()
 
+    def create(self, topic, partitions):
+        """creates a topic through the broker's command channel (stdin)"""
+        self.proc.stdin.write(f"create {topic} {partitions}\n".encode())
+        self.proc.stdin.flush()
+        time.sleep(0.5)
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(10)
@@ -1288,9 +1294,12 @@ def bench_debezium(server, conn):
 
 # ------------------------------------------------------------------- inbox
 
-def bench_inbox(server, conn):
+def bench_inbox(server, conn, broker):
     """The consumer side: a subscription in database sink applies what the
     relay of database bench publishes."""
+    # The mock cluster keeps about 5 MB per partition and drops the oldest
+    # beyond it: 16 partitions hold the whole backlog (about 2 MB each)
+    broker.create("outbox.event.sink", 16)
     run_pg([f"{BINDIR}/createdb", "-h", server.dir, "-p", str(server.port), "-U", "postgres", "sink"])
     sink = psycopg2.connect(server.dsn.replace("dbname=bench", "dbname=sink"))
     sink.autocommit = True
@@ -1410,7 +1419,7 @@ def main():
         if "opentx" in SECTIONS:
             section("opentx", bench_opentx, conn)
         if "inbox" in SECTIONS:
-            section("inbox", bench_inbox, server, conn)
+            section("inbox", bench_inbox, server, conn, broker)
         if "debezium" in SECTIONS:
             section("debezium", bench_debezium, server, conn)
     finally:
