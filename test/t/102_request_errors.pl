@@ -103,7 +103,7 @@ foreach my $bad ('message.send.max.retries=1', 'retries=3')
 	my $property = (split /=/, $bad)[0];
 	isnt($ret, 0, "outbox.kafka_config '$bad' is refused");
 	like($err,
-		qr/DETAIL:  Property "\Q$property\E" cannot be set here\. The relay's ordering promise needs librdkafka to retry until the relay gives up on the round\./,
+		qr/DETAIL:  Property "\Q$property\E" cannot be set here\.\nHINT:  The relay's ordering promise needs librdkafka to retry until the relay gives up on the round\./,
 		"and the error says why ($property)");
 }
 
