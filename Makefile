@@ -1,4 +1,6 @@
-# outbox: PGXS build.  The version lives in outbox.control only.
+# outbox: PGXS build.  The version lives in outbox.control only: META.json
+# (for PGXN) is made from META.json.in with it, and debian/changelog is
+# checked against it (test/t/027_dist.pl).
 
 EXTENSION = outbox
 MODULE_big = outbox
@@ -12,6 +14,8 @@ EXTVERSION := $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" $(EXTEN
 ifeq ($(EXTVERSION),)
 $(error no default_version found in $(EXTENSION).control)
 endif
+# PGXN and Debian want three numbers: 1.8 is 1.8.0
+DISTVERSION := $(if $(word 3,$(subst ., ,$(EXTVERSION))),$(EXTVERSION),$(EXTVERSION).0)
 DATA = sql/$(EXTENSION)--1.0.sql $(wildcard sql/$(EXTENSION)--*--*.sql)
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 
@@ -48,10 +52,19 @@ PROVE_FLAGS += -I test/perl
 # dependencies beside it (src/<room>/<file>.d), read back at the next make
 override CPPFLAGS += -MMD -MP
 -include $(OBJS:.o=.d)
-EXTRA_CLEAN = $(OBJS:.o=.d)
+EXTRA_CLEAN = $(OBJS:.o=.d) META.json
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
+
+META.json: META.json.in $(EXTENSION).control
+	sed 's/@VERSION@/$(DISTVERSION)/g' $< >$@
+
+# the PGXN release: HEAD's files and the made META.json, under
+# outbox-VERSION/ in outbox-VERSION.zip
+dist: META.json
+	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		--add-file=META.json -o $(EXTENSION)-$(DISTVERSION).zip HEAD
 
 test-broker:
 	$(MAKE) -C test/broker
@@ -62,4 +75,4 @@ kafka-lib:
 
 installcheck: test-broker kafka-lib
 
-.PHONY: test-broker kafka-lib
+.PHONY: dist test-broker kafka-lib

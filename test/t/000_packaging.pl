@@ -1,6 +1,7 @@
-# The version is written once, in outbox.control; META.json must agree, and
+# The version is written once, in outbox.control (META.json is made from
+# META.json.in with it; test/t/027_dist.pl checks the release files), and
 # sql/ holds the 1.0 script, the upgrade chain to that version and the
-# current install script.  META.json states the supported PostgreSQL
+# current install script.  META.json.in states the supported PostgreSQL
 # versions; the lowest is the runtime prerequisite and the floor compat.h
 # enforces, the README names them all, and no source file but src/base/compat.h
 # tests a version.
@@ -13,20 +14,15 @@ my $control = slurp_file('outbox.control');
 my ($version) = $control =~ /^default_version\s*=\s*'([^']+)'/m;
 ok(defined $version, 'outbox.control has a default_version');
 
-my $meta = slurp_file('META.json');
-my ($meta_version) = $meta =~ /"version"\s*:\s*"([^"]+)"/;
-my ($provides_version) = $meta =~ /"provides".*?"version"\s*:\s*"([^"]+)"/s;
-# PGXN wants semantic versions: 1.0 in the control file is 1.0.0 there
-my $semver = $version =~ /^\d+\.\d+$/ ? "$version.0" : $version;
-is($meta_version, $semver, 'META.json version matches outbox.control');
-is($provides_version, $semver, 'META.json provides version matches outbox.control');
+my $meta = slurp_file('META.json.in');
+unlike($meta, qr/"version"\s*:\s*"\d/, 'META.json.in writes no version of its own');
 
 # sql/: the frozen 1.0 script, the upgrade chain from it to the current
 # version, and the current version's script, sql/outbox.sql, that make
 # copies to sql/outbox--$version.sql; no other version has a full script
 ok(-f 'sql/outbox.sql', 'the current install script sql/outbox.sql exists');
 my ($provides_file) = $meta =~ /"provides".*?"file"\s*:\s*"([^"]+)"/s;
-is($provides_file, 'sql/outbox.sql', 'META.json provides the current install script');
+is($provides_file, 'sql/outbox.sql', 'META.json.in provides the current install script');
 my @full = sort map { m{^sql/outbox--(\d+\.\d+)\.sql$} ? $1 : () } glob('sql/outbox--*.sql');
 is(join(' ', grep { $_ ne $version } @full), '1.0', 'the only full install script but the built one is 1.0\'s');
 ok(!-f "sql/outbox--$version.sql" || slurp_file("sql/outbox--$version.sql") eq slurp_file('sql/outbox.sql'),
@@ -41,10 +37,10 @@ is(scalar(@chain) - 1, scalar(keys %next), 'every upgrade script is a step of th
 my ($tested) = $meta =~ /"x_tested_postgresql"\s*:\s*\[([^\]]*)\]/;
 my @majors = sort { $a <=> $b } ($tested // '') =~ /"(\d+)"/g;
 is(join(' ', @majors), '15 17 18',
-	'META.json x_tested_postgresql lists PostgreSQL 15, 17 and 18');
+	'META.json.in x_tested_postgresql lists PostgreSQL 15, 17 and 18');
 my ($requires) = $meta =~ /"PostgreSQL"\s*:\s*"([^"]+)"/;
 is($requires, "$majors[0].0.0",
-	'META.json requires the lowest tested PostgreSQL at runtime');
+	'META.json.in requires the lowest tested PostgreSQL at runtime');
 my $compat = slurp_file('src/base/compat.h');
 like($compat, qr/#if PG_VERSION_NUM < ${\($majors[0] * 10000)}\n#error/,
 	'compat.h refuses PostgreSQL older than the lowest tested');
