@@ -9,13 +9,16 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use JSON::PP;
 
 my $control = slurp_file('outbox.control');
 my ($version) = $control =~ /^default_version\s*=\s*'([^']+)'/m;
 ok(defined $version, 'outbox.control has a default_version');
 
 my $meta = slurp_file('META.json.in');
-unlike($meta, qr/"version"\s*:\s*"\d/, 'META.json.in writes no version of its own');
+my $template = JSON::PP::decode_json($meta);
+is(join(' ', $template->{version}, $template->{provides}{outbox}{version}), '@VERSION@ @VERSION@',
+	'META.json.in leaves its versions to make (@VERSION@)');
 
 # sql/: the frozen 1.0 script, the upgrade chain from it to the current
 # version, and the current version's script, sql/outbox.sql, that make

@@ -10,6 +10,8 @@ use Test::More;
 use JSON::PP;
 use File::Temp qw(tempdir);
 use IO::Uncompress::Unzip qw($UnzipError);
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
 use PgxnMeta qw(validate);
 
 my ($version) = slurp_file('outbox.control') =~ /^default_version\s*=\s*'([^']+)'/m;
