@@ -60,9 +60,15 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 META.json: META.json.in $(EXTENSION).control
 	sed 's/@VERSION@/$(DISTVERSION)/g' $< >$@
 
+# the version the release files carry (test/package-check asks)
+distversion:
+	@echo $(DISTVERSION)
+
 # the PGXN release: HEAD's files and the made META.json, under
-# outbox-VERSION/ in outbox-VERSION.zip
+# outbox-VERSION/ in outbox-VERSION.zip; the version must be HEAD's
 dist: META.json
+	@git diff --quiet HEAD -- $(EXTENSION).control META.json.in || \
+		{ echo "make dist: $(EXTENSION).control or META.json.in differs from HEAD; commit first" >&2; exit 1; }
 	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
 		--add-file=META.json -o $(EXTENSION)-$(DISTVERSION).zip HEAD
 
@@ -75,4 +81,4 @@ kafka-lib:
 
 installcheck: test-broker kafka-lib
 
-.PHONY: dist test-broker kafka-lib
+.PHONY: dist distversion test-broker kafka-lib

@@ -7,6 +7,7 @@ package PgxnMeta;
 use strict;
 use warnings;
 use Exporter 'import';
+use B;
 
 our @EXPORT_OK = qw(validate);
 
@@ -18,20 +19,32 @@ my %TOP = map { $_ => 1 } qw(name abstract description version maintainer
   license provides meta-spec prereqs release_status resources no_index tags
   generated_by);
 my @REQUIRED = qw(name abstract maintainer license provides meta-spec version);
+my $PRE = qr/(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)/;
 my $SEMVER = qr/^(?:0|[1-9]\d*)\.(?:0|[1-9]\d*)\.(?:0|[1-9]\d*)
-	(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$/x;
+	(?:-$PRE(?:\.$PRE)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$/x;
+my %SPEC_URL = map { $_ => 1 } qw(https://pgxn.org/meta/spec.txt http://pgxn.org/meta/spec.txt);
 
 sub is_custom { return $_[0] =~ /^x_./i; }
-sub is_string { return defined $_[0] && !ref $_[0] && length $_[0]; }
+
+# a JSON string: defined, not a reference, not a number, not empty
+sub is_string
+{
+	my ($v) = @_;
+	return 0 unless defined $v && !ref $v;
+	# before anything reads it as text, which would cache a string form
+	my $flags = B::svref_2object(\$_[0])->FLAGS;
+	return 0 if ($flags & (B::SVp_IOK | B::SVp_NOK)) && !($flags & B::SVp_POK);
+	return length $v;
+}
 sub is_term { return is_string($_[0]) && $_[0] =~ m{^[^/\\\s\p{Cntrl}]{2,}$}; }
 sub is_semver { return is_string($_[0]) && $_[0] =~ $SEMVER; }
 
 sub is_range
 {
 	my ($r) = @_;
-	return 0 unless defined $r && !ref $r;
+	return 0 unless defined $r && !ref $r && length $r;
 	return 1 if $r eq '0';
-	foreach my $part (split /\s*,\s*/, $r)
+	foreach my $part (split /\s*,\s*/, $r, -1)
 	{
 		my ($op, $v) = $part =~ /^\s*(==|!=|>=|<=|>|<)?\s*(\S+)\s*$/;
 		return 0 unless defined $v && ($v eq '0' || is_semver($v));
@@ -39,14 +52,14 @@ sub is_range
 	return 1;
 }
 
-# object(errors, where, value, allowed keys): a hash whose keys are allowed
-# or custom (x_...)
+# object(errors, where, value, allowed keys): a hash of at least one key,
+# each allowed or custom (x_...)
 sub object
 {
 	my ($err, $where, $v, @allowed) = @_;
-	if (ref $v ne 'HASH')
+	if (ref $v ne 'HASH' || !%$v)
 	{
-		push @$err, "$where must be an object";
+		push @$err, "$where must be an object of at least one key";
 		return 0;
 	}
 	my %ok = map { $_ => 1 } @allowed;
@@ -104,6 +117,7 @@ sub check_prereqs
 			next if is_custom($kind);
 			my $list = $rel->{$kind};
 			next unless object($err, "prereqs.$phase.$kind", $list, keys %{ ref $list eq 'HASH' ? $list : {} });
+			push @$err, map { "prereqs.$phase.$kind: \"$_\" is not a term" } grep { !is_term($_) } sort keys %$list;
 			push @$err, map { "prereqs.$phase.$kind.$_: \"" . ($list->{$_} // 'null') . '" is not a version range' }
 			  grep { !is_range($list->{$_}) } sort keys %$list;
 		}
@@ -116,8 +130,15 @@ sub check_resources
 	return unless object($err, 'resources', $r, qw(homepage bugtracker repository));
 	push @$err, 'resources.homepage must be a URI'
 	  if exists $r->{homepage} && !(is_string($r->{homepage}) && $r->{homepage} =~ m{^\w[\w+.-]*:});
-	object($err, 'resources.bugtracker', $r->{bugtracker}, qw(web mailto)) if exists $r->{bugtracker};
-	object($err, 'resources.repository', $r->{repository}, qw(url web type)) if exists $r->{repository};
+	my ($bt, $repo) = @$r{qw(bugtracker repository)};
+	push @$err, 'resources.bugtracker needs web or mailto'
+	  if exists $r->{bugtracker} && object($err, 'resources.bugtracker', $bt, qw(web mailto))
+	  && !exists $bt->{web} && !exists $bt->{mailto};
+	if (exists $r->{repository} && object($err, 'resources.repository', $repo, qw(url web type)))
+	{
+		push @$err, 'resources.repository needs url or web' unless exists $repo->{url} || exists $repo->{web};
+		push @$err, 'resources.repository: a url needs its type' if exists $repo->{url} && !is_string($repo->{type});
+	}
 }
 
 sub check_tags
@@ -162,6 +183,8 @@ sub validate
 	{
 		push @err, 'meta-spec.version must be 1.0.x'
 		  unless ($m->{'meta-spec'}{version} // '') =~ /^1\.0\.\d+$/;
+		push @err, 'meta-spec.url must be the spec\'s, https://pgxn.org/meta/spec.txt'
+		  if exists $m->{'meta-spec'}{url} && !$SPEC_URL{ $m->{'meta-spec'}{url} // '' };
 	}
 	check_prereqs(\@err, $m->{prereqs}) if exists $m->{prereqs};
 	push @err, 'release_status must be stable, testing or unstable'

@@ -37,13 +37,36 @@ my %broken = (
 	'a prerequisite that is no version' => sub { $_[0]{prereqs}{runtime}{requires}{PostgreSQL} = 'fifteen' },
 	'meta-spec 2' => sub { $_[0]{'meta-spec'}{version} = '2.0.0' },
 	'a tag with a slash' => sub { $_[0]{tags} = ['a/b'] },
-	'an unknown release status' => sub { $_[0]{release_status} = 'final' });
+	'an unknown release status' => sub { $_[0]{release_status} = 'final' },
+	'an empty version range' => sub { $_[0]{prereqs}{runtime}{requires}{PostgreSQL} = '' },
+	'a range ending in a comma' => sub { $_[0]{prereqs}{runtime}{requires}{PostgreSQL} = '15.0.0,' },
+	'a prerequisite named with a space' => sub { $_[0]{prereqs}{runtime}{requires}{'Post gres'} = '0' },
+	'an empty prereqs' => sub { $_[0]{prereqs} = {} },
+	'a number for abstract' => sub { $_[0]{abstract} = 42 },
+	'a pre-release with a leading zero' => sub { $_[0]{version} = '1.8.0-01' },
+	'a repository url without its type' => sub { $_[0]{resources} = { repository => { url => 'git://x/y.git' } } });
 foreach my $case (sort keys %broken)
 {
 	my $copy = decode_json(encode_json($meta));
 	$broken{$case}->($copy);
 	my @found = validate($copy);
 	ok(scalar @found, "the checker refuses $case: @found");
+}
+
+# and takes what the spec allows
+my %fine = (
+	'a list of licenses' => sub { $_[0]{license} = [ 'postgresql', 'mit' ] },
+	'a license named by URL' => sub { $_[0]{license} = { 'PostgreSQL' => 'https://www.postgresql.org/about/licence/' } },
+	'ranges with operators' => sub { $_[0]{prereqs}{runtime}{requires}{PostgreSQL} = '>= 15.0.0, < 19.0.0, != 16.0.0' },
+	'custom keys' => sub { $_[0]{x_anything} = [1]; $_[0]{provides}{outbox}{X_note} = 'y' },
+	'a repository with url and type' => sub { $_[0]{resources} = { repository => { url => 'git://x/y.git', type => 'git' } } },
+	'a pre-release' => sub { $_[0]{version} = '1.9.0-beta.1' });
+foreach my $case (sort keys %fine)
+{
+	my $copy = decode_json(encode_json($meta));
+	$fine{$case}->($copy);
+	my @found = validate($copy);
+	is_deeply(\@found, [], "the checker takes $case");
 }
 
 # Debian: the package's upstream version is outbox.control's, for the
@@ -79,7 +102,7 @@ SKIP:
 		print $fh $buf while $u->read($buf) > 0;
 		close $fh;
 	}
-	my ($head) = run_command([ 'git', 'ls-files' ]);
+	my ($head) = run_command([ 'git', 'ls-tree', '-r', '--name-only', 'HEAD' ]);
 	my @want = map { "outbox-$semver/$_" } (split(/\n/, $head), 'META.json');
 	my %have = map { $_ => 1 } @names;
 	is(join(' ', grep { !$have{$_} } @want), '', "the zip holds every file of HEAD and META.json, under outbox-$semver/");
