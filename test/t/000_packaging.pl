@@ -15,8 +15,7 @@ my $control = slurp_file('outbox.control');
 my ($version) = $control =~ /^default_version\s*=\s*'([^']+)'/m;
 ok(defined $version, 'outbox.control has a default_version');
 
-my $meta = slurp_file('META.json.in');
-my $template = JSON::PP::decode_json($meta);
+my $template = JSON::PP::decode_json(slurp_file('META.json.in'));
 is(join(' ', $template->{version}, $template->{provides}{outbox}{version}), '@VERSION@ @VERSION@',
 	'META.json.in leaves its versions to make (@VERSION@)');
 
@@ -24,8 +23,7 @@ is(join(' ', $template->{version}, $template->{provides}{outbox}{version}), '@VE
 # version, and the current version's script, sql/outbox.sql, that make
 # copies to sql/outbox--$version.sql; no other version has a full script
 ok(-f 'sql/outbox.sql', 'the current install script sql/outbox.sql exists');
-my ($provides_file) = $meta =~ /"provides".*?"file"\s*:\s*"([^"]+)"/s;
-is($provides_file, 'sql/outbox.sql', 'META.json.in provides the current install script');
+is($template->{provides}{outbox}{file}, 'sql/outbox.sql', 'META.json.in provides the current install script');
 my @full = sort map { m{^sql/outbox--(\d+\.\d+)\.sql$} ? $1 : () } glob('sql/outbox--*.sql');
 is(join(' ', grep { $_ ne $version } @full), '1.0', 'the only full install script but the built one is 1.0\'s');
 ok(!-f "sql/outbox--$version.sql" || slurp_file("sql/outbox--$version.sql") eq slurp_file('sql/outbox.sql'),
@@ -37,12 +35,10 @@ is($chain[-1], $version, "the upgrade scripts lead from 1.0 to $version: @chain"
 is(scalar(@chain) - 1, scalar(keys %next), 'every upgrade script is a step of that chain');
 
 # supported PostgreSQL versions
-my ($tested) = $meta =~ /"x_tested_postgresql"\s*:\s*\[([^\]]*)\]/;
-my @majors = sort { $a <=> $b } ($tested // '') =~ /"(\d+)"/g;
+my @majors = sort { $a <=> $b } @{ $template->{x_tested_postgresql} // [] };
 is(join(' ', @majors), '15 17 18',
 	'META.json.in x_tested_postgresql lists PostgreSQL 15, 17 and 18');
-my ($requires) = $meta =~ /"PostgreSQL"\s*:\s*"([^"]+)"/;
-is($requires, "$majors[0].0.0",
+is($template->{prereqs}{runtime}{requires}{PostgreSQL}, "$majors[0].0.0",
 	'META.json.in requires the lowest tested PostgreSQL at runtime');
 my $compat = slurp_file('src/base/compat.h');
 like($compat, qr/#if PG_VERSION_NUM < ${\($majors[0] * 10000)}\n#error/,
