@@ -58,6 +58,7 @@ our @EXPORT = qw(
   set_and_reload
   relay_status
   server_crashed_since
+  explain_missing
 );
 
 # the load's aggregate type, hence its topic under the default template
@@ -289,6 +290,43 @@ sub relay_status
 		'SELECT row_to_json(s) FROM outbox.status() s');
 
 	return $row // {};
+}
+
+=pod
+
+=item explain_missing(node, dbname, ids)
+
+When ids (event ids expected in Kafka and not found there) is not empty,
+says with diag where the database has them: each of the first five ids'
+row of outbox.events and whether it is held or dead-lettered, the relay's
+progress row and status(), and the server log's last outbox lines.  A
+test calls it before asserting that nothing is missing, so that a failure
+in CI says where the events were.
+
+=cut
+
+sub explain_missing
+{
+	my ($node, $dbname, $ids) = @_;
+	return unless @$ids;
+	my @some = @$ids[ 0 .. ($#$ids < 4 ? $#$ids : 4) ];
+	my $list = join(',', map { "'$_'" } @some);
+
+	diag(scalar(@$ids) . " events missing from Kafka; where the database has the first of them:");
+	diag($node->safe_psql(
+			$dbname, qq{
+SELECT e.event_id, e.id, e.txid, e.topic, e.created_at,
+	   EXISTS (SELECT FROM outbox.held h WHERE h.id = e.id) AS held,
+	   (SELECT d.state FROM outbox.dead_letters d WHERE d.event_id = e.event_id) AS dead_letter
+  FROM outbox.events e WHERE e.event_id IN ($list) ORDER BY e.id}));
+	diag($node->safe_psql($dbname,
+		'SELECT relay, prev_snapshot, batch_snapshot, batch_last_id, published, batches FROM outbox.relay_progress'));
+	diag($node->safe_psql($dbname, 'SELECT row_to_json(s) FROM outbox.status() s'));
+	my @log = grep { /^\d{4}-\d\d-\d\d / && /outbox|ERROR|FATAL|PANIC/ && !/statement:/ }
+	  split /\n/,
+	  PostgreSQL::Test::Utils::slurp_file($node->logfile);
+	diag(join("\n", @log[ ($#log > 40 ? $#log - 40 : 0) .. $#log ]));
+	return;
 }
 
 =pod

@@ -64,6 +64,7 @@ my $msgs = $kafka->read_java($DRILL_TOPIC);
 $_->{topic} = $DRILL_TOPIC foreach @$msgs;
 my $fig = drill_figures($msgs, $all);
 report_figures('topic max.message.bytes refusal', $fig);
+explain_missing($node, 'postgres', $fig->{missing});
 is(scalar(@{ $fig->{missing} }), 0, 'the load on another topic lost nothing');
 is(scalar(@{ $fig->{strangers} }), 0, 'no phantom');
 is($fig->{order_violations}, 0, 'each aggregate in order');
