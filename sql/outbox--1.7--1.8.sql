@@ -454,6 +454,16 @@ COMMENT ON COLUMN outbox.held.partition_count IS
 	'partition count of the topic that kafka_partition was computed among; the relay keeps it for the topic while the topic has held rows (NULL: held before 1.8)';
 
 /*
+ * outbox.delivery = exactly_once: each page goes out in a Kafka transaction
+ * numbered here, and a progress record in the same transaction carries the
+ * number, so that a relay starting after a crash tells a committed page
+ * the database did not record from one Kafka aborted.
+ */
+ALTER TABLE outbox.relay_progress ADD COLUMN kafka_transaction bigint;
+COMMENT ON COLUMN outbox.relay_progress.kafka_transaction IS
+	'with outbox.delivery = exactly_once, the number of the Kafka transaction whose page was recorded last; the progress topic says which the cluster committed';
+
+/*
  * subscription_seek(subscription, topic, kafka_partition, next_offset): set
  * the next offset the subscription's consumer group applies of one
  * partition, on purpose.  The way to resume a partition a worker stopped

@@ -124,10 +124,13 @@ CREATE TABLE outbox.relay_progress (
 	batch_last_id	bigint,
 	published		bigint NOT NULL DEFAULT 0,
 	batches			bigint NOT NULL DEFAULT 0,
-	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
+	updated_at		timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	kafka_transaction bigint
 );
 COMMENT ON TABLE outbox.relay_progress IS
 	'Delivery progress of each relay, written once per acknowledged page';
+COMMENT ON COLUMN outbox.relay_progress.kafka_transaction IS
+	'with outbox.delivery = exactly_once, the number of the Kafka transaction whose page was recorded last; the progress topic says which the cluster committed';
 
 /*
  * The relay's own row: nothing is delivered, and nothing committed before

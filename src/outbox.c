@@ -81,6 +81,17 @@ static const struct config_enum_entry poison_policy_options[] = {
 	{NULL, 0, false}
 };
 
+/* outbox.delivery, and what exactly_once names in Kafka */
+static const struct config_enum_entry delivery_options[] = {
+	{"at_least_once", OUTBOX_DELIVERY_AT_LEAST_ONCE, false},
+	{"exactly_once", OUTBOX_DELIVERY_EXACTLY_ONCE, false},
+	{NULL, 0, false}
+};
+
+int			outbox_delivery;
+char	   *outbox_progress_topic;
+char	   *outbox_transactional_id_suffix;
+
 int			outbox_retry_backoff_min;
 int			outbox_retry_backoff_max;
 int			outbox_delivery_timeout;
@@ -181,6 +192,29 @@ static bool
 check_kafka_secrets_file(char **newval, void **extra, GucSource source)
 {
 	return check_with(OutboxKafkaCheckSecretsFile, *newval);
+}
+
+/* the progress topic: a legal Kafka topic name */
+static bool
+check_progress_topic(char **newval, void **extra, GucSource source)
+{
+	if (*newval != NULL && OutboxTopicNameIsLegal(*newval))
+		return true;
+	GUC_check_errdetail("A topic name has 1 to 249 characters from [A-Za-z0-9._-] and is not \".\" or \"..\".");
+	return false;
+}
+
+/* the transactional id's suffix: up to 64 of a topic name's characters */
+static bool
+check_transactional_id_suffix(char **newval, void **extra, GucSource source)
+{
+	const char *v = *newval ? *newval : "";
+
+	if (v[0] == '\0' ||
+		(strlen(v) <= 64 && strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == strlen(v)))
+		return true;
+	GUC_check_errdetail("The suffix has at most 64 characters from [A-Za-z0-9._-].");
+	return false;
 }
 
 /* the slot names are parsed once here, and read by the relay from extra */
@@ -422,6 +456,40 @@ define_failure_settings(void)
 }
 
 /*
+ * exactly-once delivery: Kafka transactions, the progress topic, and the
+ * transactional id's suffix (relay/relay_txn.c)
+ */
+static void
+define_delivery_settings(void)
+{
+	DefineCustomEnumVariable("outbox.delivery",
+							 "Whether the relay publishes each page in a Kafka transaction with a progress record.",
+							 "at_least_once may publish an event again after a crash; exactly_once publishes each "
+							 "event once for read_committed consumers, at the cost of a transaction per page.",
+							 &outbox_delivery,
+							 OUTBOX_DELIVERY_AT_LEAST_ONCE, delivery_options,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.progress_topic",
+							   "Compacted Kafka topic where, with outbox.delivery = exactly_once, each relay records how far it has published.",
+							   "Created at the relay's start when missing; refused when it exists and is not compacted.",
+							   &outbox_progress_topic,
+							   "outbox.progress",
+							   PGC_SIGHUP, 0,
+							   check_progress_topic, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.transactional_id_suffix",
+							   "Appended to the relay's Kafka transactional.id, for copies of one cluster that must not fence each other.",
+							   "The transactional.id is outbox-<system identifier>-<database OID>, plus -suffix when set; "
+							   "a promoted standby keeps it, so that it fences the old primary.",
+							   &outbox_transactional_id_suffix,
+							   "",
+							   PGC_SIGHUP, 0,
+							   check_transactional_id_suffix, NULL, NULL);
+}
+
+/*
  * the subscriptions' share of the workers; a reload setting, so defined
  * in every backend: subscribe() applies it too
  */
@@ -477,6 +545,7 @@ _PG_init(void)
 	define_kafka_settings();
 	define_relay_settings();
 	define_failure_settings();
+	define_delivery_settings();
 	define_subscription_settings();
 	define_standby_settings();
 	define_drop_settings();

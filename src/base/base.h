@@ -99,6 +99,13 @@ typedef enum OutboxPoisonPolicy
 	OUTBOX_POISON_SKIP
 } OutboxPoisonPolicy;
 
+/* outbox.delivery: what a read_committed consumer of the topics gets */
+typedef enum OutboxDelivery
+{
+	OUTBOX_DELIVERY_AT_LEAST_ONCE,
+	OUTBOX_DELIVERY_EXACTLY_ONCE
+} OutboxDelivery;
+
 /* Where a delivery or producer error belongs (design section 5) */
 typedef enum OutboxErrorClass
 {
@@ -136,6 +143,9 @@ extern int	outbox_delivery_timeout;
 extern int	outbox_hold_after;
 extern char *outbox_synchronized_standby_slots;
 extern bool outbox_allow_drop_undelivered;
+extern int	outbox_delivery;
+extern char *outbox_progress_topic;
+extern char *outbox_transactional_id_suffix;
 
 /*
  * outbox.synchronized_standby_slots as the relay reads it: the slot names,

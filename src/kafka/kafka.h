@@ -77,6 +77,8 @@ typedef struct OutboxEvent
 								 * leaves it out of the pending count */
 	bool		was_held;		/* read from outbox.held */
 	bool		in_flight;		/* produced, its delivery report not served */
+	bool		dead_recorded;	/* exactly_once: its dead letter is written
+								 * already, before the page's transaction */
 } OutboxEvent;
 
 #define OUTBOX_PARTITION_UNSET		(-2)
@@ -143,7 +145,9 @@ extern bool OutboxKafkaCheckConfig(const char *conf, char **detail, char **hint)
 extern int	OutboxKafkaMessageMaxBytes(const char *conf);
 extern bool OutboxKafkaCheckSecretsFile(const char *path, char **detail);
 extern void OutboxKafkaReadSecretsFile(MemoryContext parent);
-extern OutboxProducer *OutboxProducerCreate(int event_fd, char **errmsg);
+extern OutboxProducer *OutboxProducerCreate(int event_fd, const char *transactional_id,
+											char **errmsg);
+extern const char *OutboxProducerTransactionalId(const OutboxProducer *producer);
 extern bool OutboxProducerOutdated(const OutboxProducer *producer);
 extern void OutboxProducerDestroy(OutboxProducer *producer);
 extern void OutboxProducerRecountTopics(OutboxProducer *producer);
@@ -162,6 +166,35 @@ extern const char *OutboxKafkaKnownCrash(void);
 extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
+
+/* kafka_txn.c: Kafka transactions and the progress record (exactly_once) */
+/* a transaction's bound at the coordinator (transaction.timeout.ms) */
+#define OUTBOX_TXN_TIMEOUT_MS	"60000"
+
+typedef enum OutboxTxnResult
+{
+	OUTBOX_TXN_OK,
+	OUTBOX_TXN_RETRY,			/* timed out or retriable: call again */
+	OUTBOX_TXN_ABORT,			/* abort the transaction, send again */
+	OUTBOX_TXN_FENCED,			/* a newer producer has the transactional.id */
+	OUTBOX_TXN_FATAL			/* destroy the producer, build another */
+} OutboxTxnResult;
+
+extern OutboxTxnResult OutboxProducerInitTxn(OutboxProducer *producer, int timeout_ms,
+											 char *buf, size_t len);
+extern OutboxTxnResult OutboxProducerBeginTxn(OutboxProducer *producer, char *buf,
+											  size_t len);
+extern OutboxTxnResult OutboxProducerCommitTxn(OutboxProducer *producer, int timeout_ms,
+											   char *buf, size_t len);
+extern OutboxTxnResult OutboxProducerAbortTxn(OutboxProducer *producer, int timeout_ms,
+											  char *buf, size_t len);
+extern void OutboxProducerSendMarker(OutboxProducer *producer, const char *topic,
+									 const char *key, const char *value,
+									 OutboxEvent *track);
+extern bool OutboxProducerEnsureProgressTopic(OutboxProducer *producer, const char *topic,
+											  bool *refused, char **errmsg);
+extern int	OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
+								  int timeout_ms, char **errmsg);
 
 /* kafka_consumer.c: the subscription worker's librdkafka consumer */
 typedef struct OutboxConsumer OutboxConsumer;

@@ -48,6 +48,7 @@ struct OutboxProducer
 	char	   *built_brokers;	/* the settings it was built from (malloc'd) */
 	char	   *built_config;
 	char	   *built_secrets;
+	char	   *built_txn_id;	/* transactional.id; NULL: not transactional */
 };
 
 /* producer.c, for kafka_consumer.c */

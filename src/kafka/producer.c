@@ -420,6 +420,7 @@ free_producer_memo(OutboxProducer *producer)
 	free(producer->built_brokers);
 	free(producer->built_config);
 	free(producer->built_secrets);
+	free(producer->built_txn_id);
 	free(producer);
 }
 
@@ -516,7 +517,7 @@ OutboxKafkaSecretsText(void)
  *		contexts and is freed only by OutboxProducerDestroy.
  */
 OutboxProducer *
-OutboxProducerCreate(int event_fd, char **errmsg)
+OutboxProducerCreate(int event_fd, const char *transactional_id, char **errmsg)
 {
 	rd_kafka_conf_t *conf;
 	OutboxProducer *producer;
@@ -533,10 +534,25 @@ OutboxProducerCreate(int event_fd, char **errmsg)
 	if (producer == NULL ||
 		(producer->built_brokers = strdup(outbox_kafka_brokers)) == NULL ||
 		(producer->built_config = strdup(outbox_kafka_config)) == NULL ||
-		(producer->built_secrets = strdup(secrets_text)) == NULL)
+		(producer->built_secrets = strdup(secrets_text)) == NULL ||
+		(transactional_id != NULL &&
+		 (producer->built_txn_id = strdup(transactional_id)) == NULL))
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = pstrdup("out of memory");
+		goto fail;
+	}
+	if (transactional_id != NULL &&
+		(rd_kafka_conf_set(conf, "transactional.id", transactional_id,
+						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "transaction.timeout.ms", OUTBOX_TXN_TIMEOUT_MS,
+						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 /* librdkafka wants messages to time out within the transaction */
+		 rd_kafka_conf_set(conf, "message.timeout.ms", OUTBOX_TXN_TIMEOUT_MS,
+						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK))
+	{
+		rd_kafka_conf_destroy(conf);
+		*errmsg = pstrdup(errstr);
 		goto fail;
 	}
 	OutboxKafkaChoosePartitioner(producer, conf);
@@ -581,6 +597,13 @@ OutboxProducerOutdated(const OutboxProducer *producer)
 	return strcmp(producer->built_brokers, outbox_kafka_brokers) != 0 ||
 		strcmp(producer->built_config, outbox_kafka_config) != 0 ||
 		strcmp(producer->built_secrets, secrets_text) != 0;
+}
+
+/* the producer's transactional.id, NULL when it is not transactional */
+const char *
+OutboxProducerTransactionalId(const OutboxProducer *producer)
+{
+	return producer->built_txn_id;
 }
 
 /*

@@ -236,8 +236,8 @@ enter_back_off(Relay *r, RelayStep next)
 		Min((long) r->backoff_ms * 2, ceiling_ms);
 	wait_ms = floor_ms + (long) pg_prng_uint64_range(&pg_global_prng_state, 0,
 													 Max(r->backoff_ms - floor_ms, 0));
-	OutboxRelaySetState(r, OUTBOX_RELAY_BACKING_OFF);
-	pgstat_report_activity(STATE_RUNNING, "backing off");
+	OutboxRelaySetState(r, r->fenced ? OUTBOX_RELAY_FENCED : OUTBOX_RELAY_BACKING_OFF);
+	pgstat_report_activity(STATE_RUNNING, r->fenced ? "fenced" : "backing off");
 	r->wait_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
 	r->after_backoff = next;
 	return RELAY_STEP_BACK_OFF;
@@ -433,6 +433,8 @@ step_send(Relay *r)
 	r->idle_since = 0;
 	if (!OutboxRelayEnsureProducer(r))
 		return enter_back_off(r, RELAY_STEP_SEND);
+	if (r->in_hand_committed)
+		return RELAY_STEP_RECORD;
 	if (first && !OutboxRelayStandbysHave(r, pg))
 		return RELAY_STEP_STANDBY;
 	if (first)
@@ -441,7 +443,11 @@ step_send(Relay *r)
 		OutboxProducerRecountTopics(r->producer);
 		if (!pg->replay)
 			OutboxRelayParkBlocked(r, pg);
+		OutboxRelayTxnSkipSettled(r, pg);
 	}
+	/* exactly_once: every round of the page goes out in its transaction */
+	if (RELAY_TRANSACTIONAL(r) && OutboxRelayPagePending(pg) && !OutboxRelayTxnBegin(r))
+		return enter_back_off(r, RELAY_STEP_SEND);
 	OutboxRelaySendRound(r, pg);
 	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
 	{
@@ -486,7 +492,7 @@ step_await(Relay *r)
 			return pg->cut ? RELAY_STEP_STOP : enter_back_off(r, RELAY_STEP_SEND);
 		/* settled, if only by quarantine: no longer backing off */
 		r->backoff_ms = 0;
-		return RELAY_STEP_RECORD;
+		return r->txn_open ? RELAY_STEP_COMMIT : RELAY_STEP_RECORD;
 	}
 	pending = OutboxRelayServeProducer(r);
 	if (pending == 0)
@@ -495,13 +501,21 @@ step_await(Relay *r)
 			return RELAY_STEP_STOP;
 		pgstat_report_activity(STATE_IDLE, NULL);
 		if (!OutboxRelaySettleRound(r, pg))
+		{
+			/* exactly_once: the transaction goes whole, and the page again */
+			if (RELAY_TRANSACTIONAL(r))
+				OutboxRelayTxnAbort(r, pg);
 			return enter_back_off(r, RELAY_STEP_SEND);
+		}
 		r->backoff_ms = 0;
 		return RELAY_STEP_SEND;
 	}
 
-	/* a partition that answers nothing while others do is held */
-	if (OutboxRelayHoldStalled(r, pg))
+	/*
+	 * A partition that answers nothing while others do is held; not in a
+	 * Kafka transaction, which spans them all (relay_txn.c).
+	 */
+	if (!r->txn_open && OutboxRelayHoldStalled(r, pg))
 		return RELAY_STEP_AWAIT;
 	OutboxRelayWatchRound(r, pending);
 	wake = relay_wait(r, outbox_hold_after > 0 ? Min(RELAY_ACK_POLL_MS, outbox_hold_after) :
@@ -547,12 +561,71 @@ step_standby(Relay *r)
 	return RELAY_STEP_SEND;
 }
 
+/*
+ * step_commit
+ *		exactly_once, every event of the page in hand settled in the open
+ *		transaction: send the progress record, wait for it, commit, in
+ *		slices (relay_txn.c); then RECORD.  A failure aborts the
+ *		transaction and the page is sent again after a backoff; a rebuilt
+ *		producer finds out from the progress topic whether the commit went
+ *		through (in_hand_committed).  Shutdown leaves the transaction open:
+ *		the next relay's init_transactions ends it.
+ */
+static RelayStep
+step_commit(Relay *r)
+{
+	RelayPage  *pg = r->in_hand;
+
+	if (!OutboxRelayEnsureProducer(r))
+		return enter_back_off(r, RELAY_STEP_SEND);
+	if (r->in_hand_committed)
+		return RELAY_STEP_RECORD;
+	if (!r->txn_open)
+		return RELAY_STEP_SEND;
+	if (!r->marker_sent)
+	{
+		OutboxRelayTxnSendMarker(r, pg);
+		r->round_started = GetCurrentTimestamp();
+		r->round_give_up = TimestampTzPlusMilliseconds(r->round_started,
+													   outbox_delivery_timeout);
+	}
+	if (OutboxRelayServeProducer(r) > 0)
+	{
+		OutboxRelayWatchRound(r, 1);
+		if (relay_wait(r, RELAY_ACK_POLL_MS, WAIT_ACKS(r)) & RELAY_WAKE_STOP)
+			return RELAY_STEP_STOP;
+		return RELAY_STEP_COMMIT;
+	}
+	if (r->marker.delivery_err != 0)
+	{
+		OutboxRelayReportError(r, "could not publish the progress record, sending the page again",
+							   OutboxDeliveryErrorText(r->marker.last_err, r->marker.last_err_local));
+		OutboxRelayTxnAbort(r, pg);
+		return enter_back_off(r, RELAY_STEP_SEND);
+	}
+	switch (OutboxRelayTxnCommit(r))
+	{
+		case OUTBOX_TXN_OK:
+			return RELAY_STEP_RECORD;
+		case OUTBOX_TXN_RETRY:
+			return ShutdownRequestPending ? RELAY_STEP_STOP : RELAY_STEP_COMMIT;
+		case OUTBOX_TXN_ABORT:
+			OutboxRelayTxnAbort(r, pg);
+			break;
+		case OUTBOX_TXN_FENCED:
+		case OUTBOX_TXN_FATAL:
+			break;
+	}
+	return enter_back_off(r, RELAY_STEP_SEND);
+}
+
 /* RECORD: write the settled page's progress */
 static RelayStep
 step_record(Relay *r)
 {
 	OutboxRelayRecordPage(r, r->in_hand);
 	r->in_hand = NULL;
+	r->in_hand_committed = false;
 	/* the page after next waits for the standbys to have this progress */
 	r->recorded_lsn[0] = r->recorded_lsn[1];
 	r->recorded_lsn[1] = OutboxRelayWalEnd();
@@ -571,6 +644,8 @@ relay_step(Relay *r)
 			return step_send(r);
 		case RELAY_STEP_AWAIT:
 			return step_await(r);
+		case RELAY_STEP_COMMIT:
+			return step_commit(r);
 		case RELAY_STEP_RECORD:
 			return step_record(r);
 		case RELAY_STEP_STANDBY:

@@ -277,6 +277,14 @@ OutboxRelayReadReplays(Relay *r, RelayPage *pg)
 	return pg->n > 0;
 }
 
+/* exactly_once: the page being recorded went out in Kafka transaction n */
+static void
+record_kafka_txn(Relay *r)
+{
+	if (r->txn_to_record > 0)
+		OutboxStoreSaveKafkaTransaction(r->txn_to_record);
+}
+
 /* a settled replay page: finish its queue entries */
 static void
 record_replays(Relay *r, RelayPage *pg, int delivered)
@@ -286,7 +294,10 @@ record_replays(Relay *r, RelayPage *pg, int delivered)
 	/* parked events it releases are read in the next round */
 	OutboxRelayBeginTxn("recording replays");
 	OutboxStoreFinishReplays(pg->events, pg->n, OutboxDeliveryErrorText);
+	record_kafka_txn(r);
 	OutboxRelayEndTxn(r);
+	r->kafka_txn = Max(r->kafka_txn, r->txn_to_record);
+	r->txn_to_record = 0;
 	/* read the settled dead letters in a transaction that sees them */
 	r->blocked_stale = true;
 	OutboxRelayReportInit(&report);
@@ -337,7 +348,10 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 		r->replays_due = true;
 	(void) OutboxStoreHoldEvents(pg->events, pg->n, r->held_counted);
 	OutboxStoreSavePage(pg->cur, pg->last_id, delivered, pg->done);
+	record_kafka_txn(r);
 	OutboxRelayEndTxn(r);
+	r->kafka_txn = Max(r->kafka_txn, r->txn_to_record);
+	r->txn_to_record = 0;
 	OutboxRelayCountHeld(r, pg);
 	report_backlog(r, false, r->batch.remaining,
 				   r->ahead != NULL && r->ahead->n > 0 ? r->ahead->events[0].created_at : 0,

@@ -86,6 +86,27 @@ OutboxRelaySetProducer(Relay *r, OutboxProducer *producer)
 	r->producer = producer;
 }
 
+/* two transactional ids (NULL: none) are the same */
+static bool
+same_id(const char *a, const char *b)
+{
+	return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+/*
+ * still_fenced
+ *		A fenced relay stays so until a setting it was fenced under changes:
+ *		outbox.delivery, the transactional id's suffix, or the Kafka settings
+ *		its producer was built from.
+ */
+static bool
+still_fenced(Relay *r, const char *txn_id)
+{
+	return txn_id != NULL && r->producer != NULL &&
+		same_id(OutboxProducerTransactionalId(r->producer), txn_id) &&
+		!OutboxProducerOutdated(r->producer);
+}
+
 /*
  * OutboxRelayEnsureProducer
  *		Have a producer for the current settings, rebuilding it after a
@@ -98,7 +119,21 @@ OutboxRelayEnsureProducer(Relay *r)
 	char	   *message = NULL;
 	char		fatal[256];
 	OutboxProducer *producer;
+	const char *txn_id = OutboxRelayTxnIdWanted(r);
 
+	if (r->fenced && !still_fenced(r, txn_id))
+	{
+		ereport(LOG,
+				(errmsg("outbox relay for database \"%s\": settings changed, no longer fenced",
+						r->dbname)));
+		r->fenced = false;
+	}
+	if (r->fenced)
+	{
+		/* kept, failed, as the memo of what it was fenced under */
+		OutboxRelaySetState(r, OUTBOX_RELAY_FENCED);
+		return false;
+	}
 	if (r->producer != NULL)
 	{
 		if (r->fatal_reason != NULL)
@@ -107,17 +142,24 @@ OutboxRelayEnsureProducer(Relay *r)
 		else if (OutboxProducerIsFatal(r->producer, fatal, sizeof(fatal)))
 			OutboxRelayReportError(r, "Kafka producer failed fatally, rebuilding it",
 								   fatal);
-		else if (OutboxProducerOutdated(r->producer))
+		else if (OutboxProducerOutdated(r->producer) ||
+				 !same_id(OutboxProducerTransactionalId(r->producer), txn_id))
 			ereport(LOG,
 					(errmsg("outbox relay: Kafka settings changed, rebuilding the producer")));
 		else
-			return true;
+			return txn_id == NULL || OutboxRelayTxnStart(r);
 		OutboxRelaySetProducer(r, NULL);
 	}
 	r->fatal_reason = NULL;
+	/* a page that went out in a transaction now given up goes out again */
+	if (txn_id == NULL && r->txn_open && r->in_hand != NULL)
+		OutboxRelayTxnRevert(r->in_hand);
+	r->txn_open = false;
+	r->txn_inited = false;
+	r->txn_ready = false;
 
 	/* what building leaves behind is in the loop's context */
-	producer = OutboxProducerCreate(r->event_pipe[1], &message);
+	producer = OutboxProducerCreate(r->event_pipe[1], txn_id, &message);
 	if (producer == NULL)
 	{
 		OutboxRelayReportError(r, "could not create the Kafka producer", message);
@@ -128,7 +170,7 @@ OutboxRelayEnsureProducer(Relay *r)
 				(errmsg("outbox relay: events to publish, opening the Kafka producer again")));
 	OutboxRelaySetProducer(r, producer);
 	r->producer_closed = false;
-	return true;
+	return txn_id == NULL || OutboxRelayTxnStart(r);
 }
 
 /*

@@ -45,6 +45,8 @@ typedef enum RelayStep
 	RELAY_STEP_READ,			/* choose work: a replay page or a batch page */
 	RELAY_STEP_SEND,			/* hand the page's pending events to Kafka */
 	RELAY_STEP_AWAIT,			/* wait for the round's delivery reports */
+	RELAY_STEP_COMMIT,			/* exactly_once: progress record, then the
+								 * Kafka transaction's commit */
 	RELAY_STEP_RECORD,			/* a settled page: write its progress */
 	RELAY_STEP_BACK_OFF,		/* wait before trying again */
 	RELAY_STEP_STANDBY,			/* wait for the standbys to have the page */
@@ -215,6 +217,27 @@ typedef struct Relay
 	bool		standby_reported;	/* the wait is in status() and the log */
 	char		standby_said[128];	/* the reason last logged, "" none */
 	uint32		wait_standby;	/* wait event (compat.h) */
+	/* outbox.delivery = exactly_once (relay_txn.c) */
+	char	   *txn_id;			/* the transactional.id wanted, in cxt */
+	bool		txn_inited;		/* init_transactions() done on this producer */
+	bool		txn_ready;		/* and the progress topic reconciled */
+	bool		txn_open;		/* a Kafka transaction is open */
+	bool		txn_committing; /* its commit was asked for */
+	bool		in_hand_committed;	/* the page in hand's transaction turned
+									 * out committed: record it */
+	bool		marker_sent;	/* the transaction's progress record is out */
+	OutboxEvent marker;			/* its delivery outcome */
+	int64		kafka_txn;		/* the last transaction recorded in the
+								 * database (relay_progress.kafka_transaction) */
+	int64		txn_to_record;	/* the page being recorded committed in this
+								 * transaction; 0: none */
+	int64	   *unsettled;		/* events dead-lettered before their page's
+								 * transaction committed, in cxt */
+	int			nunsettled;
+	bool		fenced;			/* another producer has the transactional.id */
+	char	   *topic_checked;	/* the progress topic checked (or found
+								 * uncheckable), in cxt */
+	char		txn_error[256];
 } Relay;
 
 /* a report that changes nothing until filled in (OutboxSlotReportRound) */
@@ -250,6 +273,18 @@ extern bool OutboxRelayTakeDrain(Relay *r);
 extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
 extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
 
+/* relay_txn.c; whether the producer publishes in Kafka transactions */
+#define RELAY_TRANSACTIONAL(r) \
+	((r)->producer != NULL && OutboxProducerTransactionalId((r)->producer) != NULL)
+
+extern const char *OutboxRelayTxnIdWanted(Relay *r);
+extern bool OutboxRelayTxnStart(Relay *r);
+extern bool OutboxRelayTxnBegin(Relay *r);
+extern void OutboxRelayTxnAbort(Relay *r, RelayPage *pg);
+extern void OutboxRelayTxnSkipSettled(Relay *r, RelayPage *pg);
+extern void OutboxRelayTxnSendMarker(Relay *r, RelayPage *pg);
+extern OutboxTxnResult OutboxRelayTxnCommit(Relay *r);
+extern void OutboxRelayTxnRevert(RelayPage *pg);
 /* relay_page.c */
 extern void OutboxRelayCheckExtension(Relay *r);
 extern void OutboxRelayReloadBlocked(Relay *r);

@@ -46,6 +46,10 @@ judge_health(const OutboxStatusSnapshot *snap, double limit, const char **status
 			snap->no_relay;
 	if (s->state == OUTBOX_RELAY_NOT_CONFIGURED)
 		return pstrdup("outbox.kafka_brokers is empty: nothing is published");
+	if (s->state == OUTBOX_RELAY_FENCED)
+		return psprintf("the relay is fenced: another producer publishes with its Kafka "
+						"transactional.id (a promoted standby?), so it publishes nothing: %s",
+						s->last_error);
 	if (snap->oldest_age > limit && s->state == OUTBOX_RELAY_WAITING_STANDBY)
 		return psprintf("the oldest undelivered event is %.0f s old, over %.0f s "
 						"(publishing waits for a standby: %s)",

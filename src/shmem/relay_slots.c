@@ -131,6 +131,7 @@ static const char *const relay_state_names[] = {
 	[OUTBOX_RELAY_BACKING_OFF] = "backing off",
 	[OUTBOX_RELAY_NOT_CONFIGURED] = "not configured",
 	[OUTBOX_RELAY_WAITING_STANDBY] = "waiting for standby",
+	[OUTBOX_RELAY_FENCED] = "fenced",
 	[OUTBOX_RELAY_STOPPED] = "stopped",
 };
 

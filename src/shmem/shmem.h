@@ -26,6 +26,8 @@ typedef enum OutboxRelayState
 	OUTBOX_RELAY_BACKING_OFF,
 	OUTBOX_RELAY_NOT_CONFIGURED,
 	OUTBOX_RELAY_WAITING_STANDBY,	/* outbox.synchronized_standby_slots */
+	OUTBOX_RELAY_FENCED,		/* exactly_once: a newer producer has its
+								 * transactional.id */
 	OUTBOX_RELAY_STOPPED
 } OutboxRelayState;
 #define OUTBOX_RELAY_NSTATES (OUTBOX_RELAY_STOPPED + 1)

@@ -52,6 +52,8 @@ extern int	OutboxStoreReadPage(OutboxBatch *batch, int limit, int max_bytes,
 								bool *cut);
 extern void OutboxStoreSavePage(const char *cur, int64 last_id,
 								int count, bool batch_done);
+extern int64 OutboxStoreLoadKafkaTransaction(void);
+extern void OutboxStoreSaveKafkaTransaction(int64 n);
 
 /*
  * How a dead letter's last_error words its event's last delivery error:
@@ -62,6 +64,7 @@ typedef const char *(*OutboxErrorWording) (int err, bool local);
 extern int	OutboxStoreRecordDeadLetters(OutboxEvent *events, int n,
 										 OutboxErrorWording wording);
 extern List *OutboxStoreLoadBlocked(MemoryContext cxt);
+extern int	OutboxStoreLoadUnsettledDeadLetters(int64 **ids, MemoryContext cxt);
 extern int	OutboxStoreReadReplays(int limit, OutboxEvent **events,
 								   MemoryContext cxt);
 extern void OutboxStoreFinishReplays(OutboxEvent *events, int n,

@@ -716,3 +716,55 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 	return n;
 }
 
+
+/*
+ * OutboxStoreLoadKafkaTransaction
+ *		exactly_once: the number of the last Kafka transaction whose page is
+ *		recorded (relay_progress.kafka_transaction; 0 when none).  -1 when
+ *		the column is missing: the extension predates 1.8.
+ */
+int64
+OutboxStoreLoadKafkaTransaction(void)
+{
+	HeapTuple	tup;
+	bool		isnull;
+	int64		result = -1;
+
+	SPI_connect();
+	tup = OutboxStoreRow("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a"
+						 "  WHERE a.attrelid OPERATOR(pg_catalog.=) 'outbox.relay_progress'::pg_catalog.regclass"
+						 "  AND a.attname OPERATOR(pg_catalog.=) 'kafka_transaction'"
+						 "  AND NOT a.attisdropped)",
+						 "look for relay_progress.kafka_transaction");
+	if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		Datum		d;
+
+		tup = OutboxStoreRow("SELECT p.kafka_transaction FROM outbox.relay_progress p"
+							 " WHERE p.relay OPERATOR(pg_catalog.=) 'default'",
+							 "read relay_progress.kafka_transaction");
+		d = SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull);
+		result = isnull ? 0 : DatumGetInt64(d);
+	}
+	SPI_finish();
+	return result;
+}
+
+/*
+ * OutboxStoreSaveKafkaTransaction
+ *		exactly_once: the page recorded in this transaction was published in
+ *		Kafka transaction number n.
+ */
+void
+OutboxStoreSaveKafkaTransaction(int64 n)
+{
+	Datum		values[1] = {Int64GetDatum(n)};
+	Oid			types[1] = {INT8OID};
+
+	SPI_connect();
+	OutboxSpiExec("UPDATE outbox.relay_progress SET kafka_transaction = $1"
+				  " WHERE relay OPERATOR(pg_catalog.=) 'default'",
+				  1, types, values, NULL, false, 0, SPI_OK_UPDATE,
+				  "record the Kafka transaction");
+	SPI_finish();
+}

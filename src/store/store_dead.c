@@ -220,6 +220,9 @@ OutboxStoreRecordDeadLetters(OutboxEvent *events, int n, OutboxErrorWording word
 		OutboxEvent *ev = &events[i];
 		bool		requeue;
 
+		/* exactly_once: written before the page's Kafka transaction */
+		if (ev->dead_recorded)
+			continue;
 		if (ev->disposition == OUTBOX_EVENT_QUARANTINED)
 		{
 			record_dead_letter(ev, "quarantined", wording);
@@ -367,9 +370,44 @@ OutboxStoreFinishReplays(OutboxEvent *events, int n, OutboxErrorWording wording)
 
 	SPI_connect();
 	for (i = 0; i < n; i++)
-		settle_replay(&events[i]);
+		if (!events[i].dead_recorded)
+			settle_replay(&events[i]);
 	SPI_finish();
 	/* the quarantined and parked ones are (re)recorded the usual way */
 	(void) OutboxStoreRecordDeadLetters(events, n, wording);
 	release_parked();
+}
+
+/*
+ * OutboxStoreLoadUnsettledDeadLetters
+ *		exactly_once, at start: the ids of events dead-lettered before the
+ *		Kafka transaction of their page committed, whose page the progress
+ *		row has not passed (the relay stopped in between).  Their page,
+ *		read again, must not send them.  Ascending, in cxt; how many.
+ */
+int
+OutboxStoreLoadUnsettledDeadLetters(int64 **ids, MemoryContext cxt)
+{
+	uint64		i;
+	int			n;
+	bool		isnull;
+
+	SPI_connect();
+	OutboxStoreRun("SELECT d.event_pk FROM outbox.dead_letters d"
+				   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) d.event_pk"
+				   " CROSS JOIN outbox.relay_progress p"
+				   " WHERE p.relay OPERATOR(pg_catalog.=) 'default'"
+				   " AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(e.txid, p.prev_snapshot), false)"
+				   " AND (p.batch_snapshot IS NULL"
+				   "  OR NOT pg_catalog.pg_visible_in_snapshot(e.txid, p.batch_snapshot)"
+				   "  OR e.id OPERATOR(pg_catalog.>) p.batch_last_id)"
+				   " ORDER BY 1 LIMIT 100000",
+				   true, 0, SPI_OK_SELECT, "read unsettled dead letters");
+	n = (int) SPI_processed;
+	*ids = MemoryContextAlloc(cxt, sizeof(int64) * Max(n, 1));
+	for (i = 0; i < SPI_processed; i++)
+		(*ids)[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return n;
 }

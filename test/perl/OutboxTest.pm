@@ -139,9 +139,10 @@ max_worker_processes = 16
 
 =pod
 
-=item read_topic(broker, topic)
+=item read_topic(broker, topic [, isolation => level])
 
-Every message of topic, from the beginning, read with kcat.  Returns an
+Every message of topic, from the beginning, read with kcat
+(isolation.level read_committed, or isolation => 'read_uncommitted').  Returns an
 array reference of hashes { partition, offset, key, value, headers (name
 => value, the last of each name), header_list ([name, value] pairs in
 order) } sorted by partition and offset, or undef when kcat fails.
@@ -152,12 +153,13 @@ contain a newline, nor a comma followed by something=.
 
 sub read_topic
 {
-	my ($broker, $topic) = @_;
+	my ($broker, $topic, %opt) = @_;
 	my $boot = ref $broker ? $broker->bootstrap : $broker;
 	my ($out, $err) = ('', '');
 	my @cmd = (
 		'kcat', '-C', '-b', $boot, '-t', $topic, '-o', 'beginning',
-		'-e', '-q', '-f', $KCAT_FORMAT);
+		'-e', '-q', '-f', $KCAT_FORMAT,
+		'-X', 'isolation.level=' . ($opt{isolation} // 'read_committed'));
 
 	my $ok = eval {
 		IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
