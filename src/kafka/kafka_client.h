@@ -4,7 +4,8 @@
  *		The producer as producer.c (its lifecycle, sends and callbacks) and
  *		kafka_topic.c (the topics it met: partitions and partitioner) share
  *		it; kafka_consumer.c (the subscription workers' consumer) builds on
- *		producer.c's settings.  Only these three files include rdkafka.h.
+ *		producer.c's settings; kafka_txn.c (exactly_once) makes the
+ *		producer's transactions.  Only these four files include rdkafka.h.
  *
  *-------------------------------------------------------------------------
  */

@@ -44,7 +44,7 @@ static const char *const reserved_properties[][2] = {
 	{"message.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
 	{"delivery.timeout.ms", "Set outbox.delivery_timeout: the relay withdraws an unacknowledged round and resends it in order."},
 	{"log.queue", "The relay serves librdkafka logs from its own thread."},
-	{"transactional.id", "The relay publishes without Kafka transactions: a transactional producer would refuse its sends."},
+	{"transactional.id", "outbox.delivery = exactly_once sets it from the database's identity; outbox.transactional_id_suffix adds to it."},
 
 	/* what a subscription's consumer sets itself (kafka_consumer.c) */
 	{"group.id", "A subscription's consumer group is named for its group_id: see outbox.subscribe()."},

@@ -5,8 +5,9 @@
  *		produce with headers, delivery reports and their error classes.
  *
  * Invariants:
- *	- This file and kafka_topic.c (the topics met, partitions) are the only
- *	  ones that include rdkafka.h.
+ *	- This file, kafka_topic.c (the topics met, partitions), kafka_txn.c
+ *	  (transactions) and kafka_consumer.c are the only ones that include
+ *	  rdkafka.h.
  *	- librdkafka's own threads never call back into PostgreSQL: logs go to
  *	  a queue (log.queue=true), and every callback (delivery report, error,
  *	  log) is served by rd_kafka_poll() in the relay's thread, where it only

@@ -7,6 +7,8 @@
  *		  relay.c          the loop, its steps and its one wait
  *		  relay_round.c    rounds of a page: send, settle, quarantine
  *		  relay_producer.c the producer: built, served, closed when idle
+ *		  relay_txn.c      exactly_once: Kafka transactions, the progress
+ *		                   record, reconciling with it
  *		  relay_page.c     the database side: short transactions (store_batch.c)
  *		  relay_hold.c     held partitions: probes and drains
  *		  relay_standby.c  a page waits for the standbys named in

@@ -182,10 +182,12 @@ sub leaders
 
 =pod
 
-=item $c->read_java(topic)
+=item $c->read_java(topic [, isolation => level])
 
 Every message of topic from the beginning to its end offsets, read with
-the Java client, in partition and offset order: hashes { partition,
+the Java client (isolation.level read_uncommitted, the Java default, or
+isolation => 'read_committed': then aborted transactions' messages are
+left out), in partition and offset order: hashes { partition,
 offset, key, value, headers (name => last value), header_list,
 java_partition }, the shape of OutboxTest::read_topic plus
 java_partition.  undef when the read fails or the topic is missing.
@@ -194,9 +196,10 @@ java_partition.  undef when the read fails or the topic is missing.
 
 sub read_java
 {
-	my ($self, $topic) = @_;
+	my ($self, $topic, %opt) = @_;
 	my ($ok, $out, $err) =
-	  run_apache('client', 'read', $self->{bootstrap}, $topic);
+	  run_apache('client', 'read', $self->{bootstrap}, $topic,
+		'isolation.level=' . ($opt{isolation} // 'read_uncommitted'));
 	if (!$ok)
 	{
 		note "Java read of $topic failed: $err";
@@ -219,7 +222,7 @@ sub read_java
 
 =pod
 
-=item $c->wait_for_events(topic, ids [, timeout])
+=item $c->wait_for_events(topic, ids [, timeout [, isolation => level]])
 
 OutboxTest::wait_for_events with the Java reader: it reads up to the end
 offsets of when it starts, so it ends under load too (kcat's end of
@@ -229,13 +232,13 @@ partition event may not come while a partition keeps growing).
 
 sub wait_for_events
 {
-	my ($self, $topic, $ids, $timeout) = @_;
+	my ($self, $topic, $ids, $timeout, %opt) = @_;
 	my $deadline = time() + ($timeout // 60);
 	my ($msgs, @missing) = ([]);
 
 	while (1)
 	{
-		$msgs = $self->read_java($topic) // $msgs;
+		$msgs = $self->read_java($topic, %opt) // $msgs;
 		my %seen = map { ($_->{headers}{id} // '') => 1 } @$msgs;
 		@missing = grep { !$seen{$_} } @$ids;
 		return $msgs unless @missing;

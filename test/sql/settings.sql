@@ -182,3 +182,21 @@ SELECT t.err($$SHOW outbox.kafka_secrets_file$$);
 SELECT t.err(format('SELECT pg_read_file(%L)', :'secrets_ok'));
 RESET ROLE;
 DROP ROLE outbox_monitor;
+
+-- exactly_once: the delivery mode, the progress topic's name and the
+-- transactional id's suffix are judged when set
+ALTER SYSTEM SET outbox.delivery = 'exactly-once';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.progress_topic = 'no spaces';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.progress_topic = '..';
+ALTER SYSTEM SET outbox.transactional_id_suffix = 'dc/2';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.transactional_id_suffix = 'a-suffix-much-longer-than-sixty-four-characters-is-refused-all-the-same';
+SELECT t.err($$SET outbox.delivery = 'exactly_once'$$);
+ALTER SYSTEM SET outbox.delivery = 'exactly_once';
+ALTER SYSTEM SET outbox.progress_topic = 'ops.outbox-progress_1';
+ALTER SYSTEM SET outbox.transactional_id_suffix = 'dc-2';
+ALTER SYSTEM RESET outbox.delivery;
+ALTER SYSTEM RESET outbox.progress_topic;
+ALTER SYSTEM RESET outbox.transactional_id_suffix;
