@@ -26,6 +26,11 @@ it is compared with:
               20,000/s target), and the full loop at 100 events/s: commit in
               one database to the handler's row in another, beside the
               Kafka arrival of the same events as kcat sees it
+  eos         (only when asked: --sections=eos) outbox.delivery =
+              exactly_once against at_least_once on the same 3-broker Apache
+              Kafka (test/kafka/apache): drain of the backlog, latency at 100
+              events/s as a read_committed consumer sees it, and the copies a
+              read_committed consumer reads after kill -9 mid-drain
   debezium    (only when asked: --sections=debezium) the relay against
               Debezium Server's outbox EventRouter on the same server
               (wal_level = logical), the same 3-broker Apache Kafka
@@ -51,6 +56,7 @@ import time
 import psycopg2
 
 import benchdoc
+import bench_eos
 
 QUICK = "--quick" in sys.argv
 # --sections=emit,drain,latency,idle,held runs a subset; latency without
@@ -1420,6 +1426,8 @@ def main():
             section("opentx", bench_opentx, conn)
         if "inbox" in SECTIONS:
             section("inbox", bench_inbox, server, conn, broker)
+        if "eos" in SECTIONS:
+            section("eos", bench_eos.bench_eos, sys.modules[__name__], server, conn)
         if "debezium" in SECTIONS:
             section("debezium", bench_debezium, server, conn)
     finally:
