@@ -42,6 +42,7 @@
  */
 #include "postgres.h"
 
+#include "access/timeline.h"
 #include "access/xlog.h"
 #include "miscadmin.h"
 #include "postmaster/interrupt.h"
@@ -79,6 +80,8 @@ typedef struct RelayMarker
 								 * position */
 	bool		done;			/* batch: the batch's last page */
 	int			events;			/* events published in it */
+	TimeLineID	timeline;		/* the WAL the page was read from: every */
+	XLogRecPtr	lsn;			/* commit it saw ends before lsn */
 } RelayMarker;
 
 /*
@@ -204,6 +207,26 @@ field(const char *value, const char *key)
 	return p ? p + strlen(quoted) : NULL;
 }
 
+/* the record's "timeline" and "lsn" ("X/X", as pg_lsn writes it) */
+static bool
+parse_position(const char *value, RelayMarker *m)
+{
+	const char *p;
+	int64		tli;
+	unsigned int hi,
+				lo;
+	int			used = 0;
+
+	if ((p = field(value, "timeline")) == NULL || !parse_int64(&p, &tli) ||
+		tli <= 0 || tli > PG_UINT32_MAX ||
+		(p = field(value, "lsn")) == NULL ||
+		sscanf(p, "\"%8X/%8X\"%n", &hi, &lo, &used) != 2 || used == 0)
+		return false;
+	m->timeline = (TimeLineID) tli;
+	m->lsn = ((uint64) hi << 32) | lo;
+	return true;
+}
+
 /*
  * parse_marker
  *		A progress record as this file writes it (marker_value), strictly:
@@ -223,6 +246,8 @@ parse_marker(const char *value, RelayMarker *m)
 		events > INT_MAX || (p = field(value, "kind")) == NULL)
 		return false;
 	m->events = (int) events;
+	if (!parse_position(value, m))
+		return false;
 	if (strncmp(p, "\"replay\"", 8) == 0)
 	{
 		m->replay = true;
@@ -254,23 +279,49 @@ marker_value(Relay *r, RelayPage *pg, int64 transaction)
 {
 	int			delivered = 0;
 	int			i;
+	char		where[96];
 
 	for (i = 0; i < pg->n; i++)
 		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
 			delivered++;
+	snprintf(where, sizeof(where), "\"timeline\":%u,\"lsn\":\"%X/%X\"",
+			 GetWALInsertionTimeLine(), LSN_FORMAT_ARGS(pg->standby_lsn));
 	if (pg->replay)
 		return psprintf("{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,"
-						"\"kind\":\"replay\",\"last_position\":" INT64_FORMAT ","
+						"\"kind\":\"replay\",\"last_position\":" INT64_FORMAT ",%s,"
 						"\"database\":\"%s\",\"system_identifier\":\"" UINT64_FORMAT "\"}",
 						transaction, delivered,
 						pg->n > 0 ? pg->events[pg->n - 1].queue_position : 0,
-						r->dbname, GetSystemIdentifier());
+						where, r->dbname, GetSystemIdentifier());
 	return psprintf("{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,"
 					"\"kind\":\"batch\",\"last_id\":" INT64_FORMAT ",\"done\":%s,"
-					"\"snapshot\":\"%s\",\"database\":\"%s\","
+					"\"snapshot\":\"%s\",%s,\"database\":\"%s\","
 					"\"system_identifier\":\"" UINT64_FORMAT "\"}",
 					transaction, delivered, pg->last_id, pg->done ? "true" : "false",
-					pg->cur, r->dbname, GetSystemIdentifier());
+					pg->cur, where, r->dbname, GetSystemIdentifier());
+}
+
+/*
+ * marker_in_history
+ *		Whether this database has every commit the record's page saw: the
+ *		page was read on its own timeline, or on an earlier one of its
+ *		history before this one branched off.  A promoted standby that had
+ *		not replayed that far lacks those transactions, and its own may
+ *		reuse their transaction ids: a record from that WAL is not applied.
+ */
+static bool
+marker_in_history(const RelayMarker *m)
+{
+	TimeLineID	tli = GetWALInsertionTimeLine();
+	List	   *history;
+
+	if (m->timeline == tli)
+		return true;
+	if (m->timeline > tli)
+		return false;
+	history = readTimeLineHistory(tli);
+	return tliInHistory(m->timeline, history) &&
+		m->lsn <= tliSwitchPoint(m->timeline, history, NULL);
 }
 
 /*
@@ -286,6 +337,10 @@ marker_fits(Relay *r, const RelayMarker *m)
 	uint64		xmin_new,
 				xmin_old;
 
+	if (!marker_in_history(m))
+		return false;
+	if (m->replay)
+		return true;
 	if (r->batch.cur != NULL)
 		return strcmp(m->snapshot, r->batch.cur) == 0 && m->last_id > r->batch.last_id;
 	if (r->batch.prev == NULL)
@@ -327,17 +382,23 @@ apply_replay_marker(Relay *r, const RelayMarker *m)
 static void
 apply_marker(Relay *r, const RelayMarker *m)
 {
-	if (m->replay)
-		apply_replay_marker(r, m);
-	else if (!marker_fits(r, m))
+	if (!marker_fits(r, m))
 	{
 		ereport(WARNING,
 				(errmsg("outbox relay for database \"%s\": the progress record of Kafka transaction " INT64_FORMAT " does not fit the database's position",
 						r->dbname, m->transaction),
-				 errdetail("The record names snapshot \"%.64s\", last id " INT64_FORMAT "; it is not applied, and its events may be published again.",
-						   m->snapshot, m->last_id)));
-		r->txn_to_record = 0;
+				 errdetail("The record was written on timeline %u at %X/%X (snapshot \"%.64s\", last id " INT64_FORMAT "); it is not applied, and its events may be published again.",
+						   m->timeline, LSN_FORMAT_ARGS(m->lsn),
+						   m->snapshot ? m->snapshot : "", m->last_id)));
+		/* the numbers go on from Kafka's */
+		OutboxRelayBeginTxn("recording the Kafka transaction");
+		OutboxStoreSaveKafkaTransaction(m->transaction);
+		OutboxRelayEndTxn(r);
+		r->kafka_txn = m->transaction;
+		return;
 	}
+	if (m->replay)
+		apply_replay_marker(r, m);
 	else
 	{
 		OutboxRelayBeginTxn("recording a committed Kafka transaction");
@@ -345,7 +406,9 @@ apply_marker(Relay *r, const RelayMarker *m)
 		OutboxStoreSaveKafkaTransaction(m->transaction);
 		OutboxStoreLoadProgress(&r->batch, r->cxt);
 		OutboxRelayEndTxn(r);
+		/* reading goes on from the position recorded now */
 		r->batch_open = false;
+		r->ahead = NULL;
 	}
 	r->kafka_txn = m->transaction;
 	ereport(LOG,
