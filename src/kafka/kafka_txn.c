@@ -29,6 +29,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "postmaster/interrupt.h"
 #include "utils/timestamp.h"
 
 #include "kafka/kafka_client.h"
@@ -282,38 +283,39 @@ OutboxProducerEnsureProgressTopic(OutboxProducer *producer, const char *topic,
 /*
  * read_range
  *		Read [start, end) of one partition of the progress topic with
- *		consumer rk (read_committed: up to the last stable offset, aborted
- *		transactions left out); the value of the last record with key into
- *		*value (palloc'd).  False when the read did not reach the end in
- *		timeout_ms.
+ *		consumer rk (read_committed: aborted transactions are left out, and
+ *		nothing is read past the last stable offset); the value of the last
+ *		record with key into *value (palloc'd).  The range is read through
+ *		only once the last stable offset has reached end: another
+ *		producer's open transaction below it hides what was committed
+ *		after it, and it ends within that producer's transaction timeout.
+ *		False when that did not happen by deadline, or shutdown was asked.
  */
 static bool
 read_range(rd_kafka_t *rk, const char *topic, int32 partition, int64 start,
-		   int64 end, const char *key, char **value, int timeout_ms)
+		   int64 end, const char *key, char **value, TimestampTz deadline)
 {
 	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	size_t		keylen = strlen(key);
 	bool		reached = false;
 
 	rd_kafka_topic_partition_list_add(parts, topic, partition)->offset = start;
 	rd_kafka_assign(rk, parts);
 	rd_kafka_topic_partition_list_destroy(parts);
-	while (!reached && GetCurrentTimestamp() < deadline)
+	while (!reached && !ShutdownRequestPending && GetCurrentTimestamp() < deadline)
 	{
 		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
 
 		if (m == NULL)
 			continue;
 		if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF)
-			reached = true;
+			reached = (m->offset >= end);
 		else if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			if (m->offset < end && m->key_len == keylen &&
 				memcmp(m->key, key, keylen) == 0 && m->payload != NULL)
 				*value = pnstrdup(m->payload, m->len);
-			if (m->offset >= end - 1)
-				reached = true;
+			reached = (m->offset >= end - 1);
 		}
 		rd_kafka_message_destroy(m);
 	}
@@ -323,58 +325,56 @@ read_range(rd_kafka_t *rk, const char *topic, int32 partition, int64 start,
 
 /*
  * read_partition
- *		The last record with key in one partition of topic: the last
- *		MARKER_READ_BACK records first, then further back, at most
- *		MARKER_READ_MAX_BACK.  -1 on failure (*errmsg), else whether found.
+ *		The last committed record with key in one partition of topic: the
+ *		last MARKER_READ_BACK offsets first, then four times as many further
+ *		back each time, at most MARKER_READ_MAX_BACK.  The partition's end is
+ *		its high watermark, asked of hw (a read_uncommitted handle).  -1 on
+ *		failure (*errmsg), else whether found.
  */
 static int
-read_partition(rd_kafka_t *rk, const char *topic, int32 partition, const char *key,
-			   char **value, int timeout_ms, char **errmsg)
+read_partition(rd_kafka_t *rk, rd_kafka_t *hw, const char *topic, int32 partition,
+			   const char *key, char **value, TimestampTz deadline, char **errmsg)
 {
 	int64_t		low,
 				high;
 	int64		start,
-				end;
+				end,
+				width = MARKER_READ_BACK;
 	rd_kafka_resp_err_t err;
 
-	err = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, timeout_ms);
+	err = rd_kafka_query_watermark_offsets(hw, topic, partition, &low, &high,
+										   ADMIN_TIMEOUT_MS);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		*errmsg = psprintf("%s", rd_kafka_err2str(err));
 		return -1;
 	}
 	end = high;
-	start = Max(low, end - MARKER_READ_BACK);
+	start = Max(low, end - width);
 	while (end > low)
 	{
-		if (!read_range(rk, topic, partition, start, end, key, value, timeout_ms))
+		if (!read_range(rk, topic, partition, start, end, key, value, deadline))
 		{
-			*errmsg = pstrdup("the read did not reach the end of the topic in time");
+			*errmsg = pstrdup(ShutdownRequestPending ? "the relay is stopping" :
+							  "the progress topic's committed records did not reach its end in time "
+							  "(another producer's transaction is open)");
 			return -1;
 		}
 		if (*value != NULL || start == low || high - start >= MARKER_READ_MAX_BACK)
 			break;
 		end = start;
-		start = Max(low, start - (end - start) * 4);
+		width *= 4;
+		start = Max(low, end - width);
 	}
 	return *value != NULL;
 }
 
-/*
- * OutboxKafkaReadMarker
- *		The last committed progress record with key in topic, read by a
- *		consumer of its own (read_committed; it assigns the partitions
- *		itself, so it joins no group and commits nothing); the value's text in
- *		*value.  Returns 1 when found, 0 when the topic has none with key,
- *		-1 on failure with *errmsg.  Blocks for about timeout_ms at most
- *		per partition; the caller runs it before it publishes anything.
- */
-int
-OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
-					  int timeout_ms, char **errmsg)
+/* a consumer of the progress topic, at the isolation level given */
+static rd_kafka_t *
+marker_consumer(const char *isolation, char **errmsg)
 {
-	static const char *const defaults[][2] = {
-		{"isolation.level", "read_committed"},
+	const char *const defaults[][2] = {
+		{"isolation.level", isolation},
 		{"enable.partition.eof", "true"},
 		{"enable.auto.commit", "false"},
 		{"enable.auto.offset.store", "false"},
@@ -384,25 +384,52 @@ OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
 		{"log.queue", "true"},
 	};
 	rd_kafka_conf_t *conf = OutboxKafkaClientConf(defaults, lengthof(defaults), errmsg);
-	const rd_kafka_metadata_t *md = NULL;
-	rd_kafka_topic_t *rkt;
 	rd_kafka_t *rk;
 	char		errstr[512];
-	int			found = 0;
 
-	*value = NULL;
 	if (conf == NULL)
-		return -1;
+		return NULL;
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
 	{
 		rd_kafka_conf_destroy(conf);
 		*errmsg = pstrdup(errstr);
-		return -1;
+		return NULL;
 	}
 	rd_kafka_set_log_queue(rk, NULL);
+	return rk;
+}
+
+/*
+ * OutboxKafkaReadMarker
+ *		The last committed progress record with key in topic, read by
+ *		consumers of its own (they assign the partitions themselves, so
+ *		join no group, and commit nothing); the value's text in *value.
+ *		Returns 1 when found, 0 when the topic has none with key, -1 on
+ *		failure with *errmsg.  Blocks for timeout_ms at most, and less when
+ *		shutdown is asked; the caller runs it before it publishes anything.
+ */
+int
+OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
+					  int timeout_ms, char **errmsg)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	const rd_kafka_metadata_t *md = NULL;
+	rd_kafka_topic_t *rkt = NULL;
+	rd_kafka_t *rk;
+	rd_kafka_t *hw;
+	int			found = 0;
+
+	*value = NULL;
+	if ((rk = marker_consumer("read_committed", errmsg)) == NULL)
+		return -1;
+	if ((hw = marker_consumer("read_uncommitted", errmsg)) == NULL)
+	{
+		rd_kafka_destroy(rk);
+		return -1;
+	}
 	rkt = rd_kafka_topic_new(rk, topic, NULL);
-	if (rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+	if (rd_kafka_metadata(rk, 0, rkt, &md, ADMIN_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR ||
 		md->topic_cnt != 1 || md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		*errmsg = psprintf("no metadata for the topic: %s",
@@ -410,14 +437,15 @@ OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
 						   "no answer");
 		found = -1;
 	}
-	for (int i = 0; found == 0 && i < md->topics[0].partition_cnt; i++)
-		found = read_partition(rk, topic, md->topics[0].partitions[i].id, key, value,
-							   timeout_ms, errmsg);
 	/* the last record with key is in one partition: the producer's key hash */
+	for (int i = 0; found == 0 && i < md->topics[0].partition_cnt; i++)
+		found = read_partition(rk, hw, topic, md->topics[0].partitions[i].id, key, value,
+							   deadline, errmsg);
 	if (md != NULL)
 		rd_kafka_metadata_destroy(md);
 	rd_kafka_topic_destroy(rkt);
 	rd_kafka_consumer_close(rk);
 	rd_kafka_destroy(rk);
+	rd_kafka_destroy(hw);
 	return found;
 }

@@ -383,6 +383,13 @@ step_read(Relay *r)
 	}
 
 	/* held partitions: probes out, and drains taking turns with the batch */
+	if (r->holds != NIL && RELAY_TRANSACTIONAL(r))
+	{
+		OutboxRelayReportError(r, "outbox.delivery = exactly_once waits for the held partitions",
+							   "Events held for unavailable partitions are sent under at_least_once: "
+							   "set it until outbox.held is empty.");
+		return enter_back_off(r, RELAY_STEP_READ);
+	}
 	if (r->holds != NIL)
 	{
 		if (!OutboxRelayEnsureProducer(r))
@@ -443,11 +450,19 @@ step_send(Relay *r)
 		OutboxProducerRecountTopics(r->producer);
 		if (!pg->replay)
 			OutboxRelayParkBlocked(r, pg);
-		OutboxRelayTxnSkipSettled(r, pg);
+		if (RELAY_TRANSACTIONAL(r))
+		{
+			OutboxRelayTxnSkipSettled(r, pg);
+			OutboxRelayTxnPrerecord(r, pg);
+		}
 	}
 	/* exactly_once: every round of the page goes out in its transaction */
-	if (RELAY_TRANSACTIONAL(r) && OutboxRelayPagePending(pg) && !OutboxRelayTxnBegin(r))
-		return enter_back_off(r, RELAY_STEP_SEND);
+	if (RELAY_TRANSACTIONAL(r) && OutboxRelayPagePending(pg))
+	{
+		if (!OutboxRelayTxnBegin(r))
+			return enter_back_off(r, RELAY_STEP_SEND);
+		r->page_in_txn = true;
+	}
 	OutboxRelaySendRound(r, pg);
 	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
 	{
@@ -608,7 +623,10 @@ step_commit(Relay *r)
 		case OUTBOX_TXN_OK:
 			return RELAY_STEP_RECORD;
 		case OUTBOX_TXN_RETRY:
-			return ShutdownRequestPending ? RELAY_STEP_STOP : RELAY_STEP_COMMIT;
+			/* a reload or a stop is looked at between two slices */
+			if (relay_wait(r, 10, WAIT_ACKS(r)) & RELAY_WAKE_STOP)
+				return RELAY_STEP_STOP;
+			return RELAY_STEP_COMMIT;
 		case OUTBOX_TXN_ABORT:
 			OutboxRelayTxnAbort(r, pg);
 			break;
@@ -626,6 +644,7 @@ step_record(Relay *r)
 	OutboxRelayRecordPage(r, r->in_hand);
 	r->in_hand = NULL;
 	r->in_hand_committed = false;
+	r->page_in_txn = false;
 	/* the page after next waits for the standbys to have this progress */
 	r->recorded_lsn[0] = r->recorded_lsn[1];
 	r->recorded_lsn[1] = OutboxRelayWalEnd();

@@ -142,6 +142,9 @@ OutboxRelayEnsureProducer(Relay *r)
 		else if (OutboxProducerIsFatal(r->producer, fatal, sizeof(fatal)))
 			OutboxRelayReportError(r, "Kafka producer failed fatally, rebuilding it",
 								   fatal);
+		else if (r->txn_open)
+			/* new settings wait for the open transaction to end */
+			return true;
 		else if (OutboxProducerOutdated(r->producer) ||
 				 !same_id(OutboxProducerTransactionalId(r->producer), txn_id))
 			ereport(LOG,
@@ -151,9 +154,16 @@ OutboxRelayEnsureProducer(Relay *r)
 		OutboxRelaySetProducer(r, NULL);
 	}
 	r->fatal_reason = NULL;
-	/* a page that went out in a transaction now given up goes out again */
-	if (txn_id == NULL && r->txn_open && r->in_hand != NULL)
-		OutboxRelayTxnRevert(r->in_hand);
+	/*
+	 * A producer that failed fatally in a transaction: a transactional one
+	 * learns from the progress topic whether it committed (relay_txn.c);
+	 * without one, the page goes out again.
+	 */
+	if (txn_id == NULL && r->page_in_txn && r->in_hand != NULL)
+		OutboxRelayTxnRevert(r, r->in_hand);
+	if (txn_id == NULL)
+		r->txn_committing = false;
+	r->marker_sent = false;
 	r->txn_open = false;
 	r->txn_inited = false;
 	r->txn_ready = false;

@@ -228,6 +228,8 @@ typedef struct Relay
 	bool		in_hand_committed;	/* the page in hand's transaction turned
 									 * out committed: record it */
 	bool		marker_sent;	/* the transaction's progress record is out */
+	bool		page_in_txn;	/* the page in hand has events delivered in
+								 * the transaction */
 	OutboxEvent marker;			/* its delivery outcome */
 	int64		kafka_txn;		/* the last transaction recorded in the
 								 * database (relay_progress.kafka_transaction) */
@@ -284,9 +286,10 @@ extern bool OutboxRelayTxnStart(Relay *r);
 extern bool OutboxRelayTxnBegin(Relay *r);
 extern void OutboxRelayTxnAbort(Relay *r, RelayPage *pg);
 extern void OutboxRelayTxnSkipSettled(Relay *r, RelayPage *pg);
+extern void OutboxRelayTxnPrerecord(Relay *r, RelayPage *pg);
 extern void OutboxRelayTxnSendMarker(Relay *r, RelayPage *pg);
 extern OutboxTxnResult OutboxRelayTxnCommit(Relay *r);
-extern void OutboxRelayTxnRevert(RelayPage *pg);
+extern void OutboxRelayTxnRevert(Relay *r, RelayPage *pg);
 /* relay_page.c */
 extern void OutboxRelayCheckExtension(Relay *r);
 extern void OutboxRelayReloadBlocked(Relay *r);

@@ -43,9 +43,12 @@
 #include "postgres.h"
 
 #include "access/timeline.h"
+#include "access/transam.h"
 #include "access/xlog.h"
 #include "miscadmin.h"
 #include "postmaster/interrupt.h"
+#include "lib/stringinfo.h"
+#include "utils/json.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -57,7 +60,7 @@
 
 #define TXN_SLICE_MS			250 /* a blocking call's slice */
 #define TXN_CALL_MAX_MS			30000	/* then the relay backs off */
-#define MARKER_READ_TIMEOUT_MS	5000
+#define MARKER_READ_TIMEOUT_MS	70000	/* past a transaction's timeout */
 #define MARKER_SNAPSHOT_MAX		65536
 
 /* bsearch's order of int64 */
@@ -76,6 +79,7 @@ typedef struct RelayMarker
 	int64		transaction;
 	bool		replay;			/* a replay page; else a batch page */
 	char	   *snapshot;		/* batch: the batch's snapshot */
+	int64		first_id;		/* replay: first queue position */
 	int64		last_id;		/* batch: last event id; replay: last queue
 								 * position */
 	bool		done;			/* batch: the batch's last page */
@@ -112,13 +116,14 @@ OutboxRelayTxnIdWanted(Relay *r)
 /*
  * OutboxRelayTxnRevert
  *		The page's transaction was aborted: what it delivered is pending
- *		again.
+ *		again.  (Only a page sent in a transaction: page_in_txn.)
  */
 void
-OutboxRelayTxnRevert(RelayPage *pg)
+OutboxRelayTxnRevert(Relay *r, RelayPage *pg)
 {
 	int			i;
 
+	r->page_in_txn = false;
 	for (i = 0; i < pg->n; i++)
 		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
 		{
@@ -207,6 +212,17 @@ field(const char *value, const char *key)
 	return p ? p + strlen(quoted) : NULL;
 }
 
+/* the record was written by a relay of this cluster (or its standby's) */
+static bool
+same_system(const char *value)
+{
+	char		mine[48];
+	const char *p = field(value, "system_identifier");
+
+	snprintf(mine, sizeof(mine), "\"" UINT64_FORMAT "\"", GetSystemIdentifier());
+	return p != NULL && strncmp(p, mine, strlen(mine)) == 0;
+}
+
 /* the record's "timeline" and "lsn" ("X/X", as pg_lsn writes it) */
 static bool
 parse_position(const char *value, RelayMarker *m)
@@ -243,7 +259,8 @@ parse_marker(const char *value, RelayMarker *m)
 	if (strncmp(value, "{\"version\":1,", 13) != 0 ||
 		(p = field(value, "transaction")) == NULL || !parse_int64(&p, &m->transaction) ||
 		(p = field(value, "events")) == NULL || !parse_int64(&p, &events) ||
-		events > INT_MAX || (p = field(value, "kind")) == NULL)
+		events > INT_MAX || m->transaction > PG_INT64_MAX / 2 ||
+		(p = field(value, "kind")) == NULL || !same_system(value))
 		return false;
 	m->events = (int) events;
 	if (!parse_position(value, m))
@@ -251,7 +268,8 @@ parse_marker(const char *value, RelayMarker *m)
 	if (strncmp(p, "\"replay\"", 8) == 0)
 	{
 		m->replay = true;
-		return (p = field(value, "last_position")) != NULL && parse_int64(&p, &m->last_id);
+		return (p = field(value, "first_position")) != NULL && parse_int64(&p, &m->first_id) &&
+			(p = field(value, "last_position")) != NULL && parse_int64(&p, &m->last_id);
 	}
 	if (strncmp(p, "\"batch\"", 7) != 0 ||
 		(p = field(value, "last_id")) == NULL || !parse_int64(&p, &m->last_id) ||
@@ -272,33 +290,72 @@ parse_marker(const char *value, RelayMarker *m)
 /*
  * marker_value
  *		The progress record of pg's transaction: its number and the page's
- *		position in the relay's own terms (palloc'd JSON).
+ *		position in the relay's own terms, with the WAL it was read from
+ *		(palloc'd JSON).
  */
 static char *
 marker_value(Relay *r, RelayPage *pg, int64 transaction)
 {
+	StringInfoData buf;
 	int			delivered = 0;
 	int			i;
-	char		where[96];
 
 	for (i = 0; i < pg->n; i++)
 		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
 			delivered++;
-	snprintf(where, sizeof(where), "\"timeline\":%u,\"lsn\":\"%X/%X\"",
-			 GetWALInsertionTimeLine(), LSN_FORMAT_ARGS(pg->standby_lsn));
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,",
+					 transaction, delivered);
 	if (pg->replay)
-		return psprintf("{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,"
-						"\"kind\":\"replay\",\"last_position\":" INT64_FORMAT ",%s,"
-						"\"database\":\"%s\",\"system_identifier\":\"" UINT64_FORMAT "\"}",
-						transaction, delivered,
-						pg->n > 0 ? pg->events[pg->n - 1].queue_position : 0,
-						where, r->dbname, GetSystemIdentifier());
-	return psprintf("{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,"
-					"\"kind\":\"batch\",\"last_id\":" INT64_FORMAT ",\"done\":%s,"
-					"\"snapshot\":\"%s\",%s,\"database\":\"%s\","
-					"\"system_identifier\":\"" UINT64_FORMAT "\"}",
-					transaction, delivered, pg->last_id, pg->done ? "true" : "false",
-					pg->cur, where, r->dbname, GetSystemIdentifier());
+		appendStringInfo(&buf, "\"kind\":\"replay\",\"first_position\":" INT64_FORMAT
+						 ",\"last_position\":" INT64_FORMAT ",",
+						 pg->n > 0 ? pg->events[0].queue_position : 0,
+						 pg->n > 0 ? pg->events[pg->n - 1].queue_position : 0);
+	else
+		appendStringInfo(&buf, "\"kind\":\"batch\",\"last_id\":" INT64_FORMAT ",\"done\":%s,"
+						 "\"snapshot\":\"%s\",",
+						 pg->last_id, pg->done ? "true" : "false", pg->cur);
+	appendStringInfo(&buf, "\"timeline\":%u,\"lsn\":\"%X/%X\",\"system_identifier\":\""
+					 UINT64_FORMAT "\",\"database\":",
+					 GetWALInsertionTimeLine(), LSN_FORMAT_ARGS(pg->standby_lsn),
+					 GetSystemIdentifier());
+	escape_json(&buf, r->dbname);
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
+/*
+ * snapshot_sane
+ *		A snapshot's text that pg_snapshot takes, and that names no
+ *		transaction this database has not begun: xmin <= xip < xmax <= the
+ *		next transaction id.
+ */
+static bool
+snapshot_sane(const char *text)
+{
+	uint64		next = U64FromFullTransactionId(ReadNextFullTransactionId());
+	uint64		xmin,
+				xmax,
+				x;
+	char	   *p;
+
+	errno = 0;
+	xmin = strtou64(text, &p, 10);
+	if (*p != ':' || errno != 0)
+		return false;
+	xmax = strtou64(p + 1, &p, 10);
+	if (*p != ':' || errno != 0 || xmin > xmax || xmax > next || xmin == 0)
+		return false;
+	p++;
+	while (*p != '\0')
+	{
+		x = strtou64(p, &p, 10);
+		if (errno != 0 || x < xmin || x >= xmax || (*p != ',' && *p != '\0'))
+			return false;
+		if (*p == ',')
+			p++;
+	}
+	return true;
 }
 
 /*
@@ -341,6 +398,8 @@ marker_fits(Relay *r, const RelayMarker *m)
 		return false;
 	if (m->replay)
 		return true;
+	if (!snapshot_sane(m->snapshot))
+		return false;
 	if (r->batch.cur != NULL)
 		return strcmp(m->snapshot, r->batch.cur) == 0 && m->last_id > r->batch.last_id;
 	if (r->batch.prev == NULL)
@@ -356,7 +415,7 @@ marker_fits(Relay *r, const RelayMarker *m)
  *		queue's head again and record, as delivered, its entries up to the
  *		record's last position.
  */
-static void
+static bool
 apply_replay_marker(Relay *r, const RelayMarker *m)
 {
 	RelayPage  *pg = &r->replay_page;
@@ -364,14 +423,42 @@ apply_replay_marker(Relay *r, const RelayMarker *m)
 	int			n = 0;
 
 	(void) OutboxRelayReadReplays(r, pg);
-	for (i = 0; i < pg->n && pg->events[i].queue_position <= m->last_id; i++)
-	{
-		pg->events[i].disposition = OUTBOX_EVENT_DELIVERED;
-		n++;
-	}
+	for (i = 0; i < pg->n; i++)
+		if (pg->events[i].queue_position >= m->first_id &&
+			pg->events[i].queue_position <= m->last_id)
+		{
+			pg->events[n] = pg->events[i];
+			pg->events[n++].disposition = OUTBOX_EVENT_DELIVERED;
+		}
+	/* every entry the transaction had, and no other (see marker_fits) */
+	if (n != m->events)
+		return false;
 	pg->n = n;
 	r->txn_to_record = m->transaction;
 	OutboxRelayRecordPage(r, pg);
+	return true;
+}
+
+/*
+ * not_applied
+ *		A committed record the database did not record, which does not fit
+ *		its position: say so, and go on numbering from it.  The page is sent
+ *		again (at least once, for that page).
+ */
+static void
+not_applied(Relay *r, const RelayMarker *m)
+{
+	ereport(WARNING,
+			(errmsg("outbox relay for database \"%s\": the progress record of Kafka transaction " INT64_FORMAT " does not fit the database's position",
+					r->dbname, m->transaction),
+			 errdetail("The record was written on timeline %u at %X/%X (%s \"%.64s\", last " INT64_FORMAT "); it is not applied, and its events may be published again.",
+					   m->timeline, LSN_FORMAT_ARGS(m->lsn),
+					   m->replay ? "replay of" : "snapshot",
+					   m->replay ? "the queue" : m->snapshot, m->last_id)));
+	OutboxRelayBeginTxn("recording the Kafka transaction");
+	OutboxStoreSaveKafkaTransaction(m->transaction);
+	OutboxRelayEndTxn(r);
+	r->kafka_txn = m->transaction;
 }
 
 /*
@@ -384,21 +471,17 @@ apply_marker(Relay *r, const RelayMarker *m)
 {
 	if (!marker_fits(r, m))
 	{
-		ereport(WARNING,
-				(errmsg("outbox relay for database \"%s\": the progress record of Kafka transaction " INT64_FORMAT " does not fit the database's position",
-						r->dbname, m->transaction),
-				 errdetail("The record was written on timeline %u at %X/%X (snapshot \"%.64s\", last id " INT64_FORMAT "); it is not applied, and its events may be published again.",
-						   m->timeline, LSN_FORMAT_ARGS(m->lsn),
-						   m->snapshot ? m->snapshot : "", m->last_id)));
-		/* the numbers go on from Kafka's */
-		OutboxRelayBeginTxn("recording the Kafka transaction");
-		OutboxStoreSaveKafkaTransaction(m->transaction);
-		OutboxRelayEndTxn(r);
-		r->kafka_txn = m->transaction;
+		not_applied(r, m);
 		return;
 	}
 	if (m->replay)
-		apply_replay_marker(r, m);
+	{
+		if (!apply_replay_marker(r, m))
+		{
+			not_applied(r, m);
+			return;
+		}
+	}
 	else
 	{
 		OutboxRelayBeginTxn("recording a committed Kafka transaction");
@@ -477,8 +560,8 @@ reconcile(Relay *r)
 		apply_marker(r, &m);
 	else if (m.transaction != r->kafka_txn)
 		numbers_jump(r, m.transaction);
-	if (r->in_hand != NULL && !r->in_hand_committed)
-		OutboxRelayTxnRevert(r->in_hand);
+	if (r->in_hand != NULL && !r->in_hand_committed && r->page_in_txn)
+		OutboxRelayTxnRevert(r, r->in_hand);
 	return true;
 }
 
@@ -582,13 +665,14 @@ OutboxRelayTxnBegin(Relay *r)
 }
 
 /*
- * prerecord_dead
+ * OutboxRelayTxnPrerecord
  *		Write the page's new quarantined and parked events to the database
- *		now, before the transaction that leaves them out: a crash after
- *		Kafka commits it must not lose them.
+ *		now, before the transaction that leaves them out commits: a crash
+ *		after Kafka commits it must not lose them.  Before the page's first
+ *		round (events of blocked aggregates) and after an aborted one.
  */
-static void
-prerecord_dead(Relay *r, RelayPage *pg)
+void
+OutboxRelayTxnPrerecord(Relay *r, RelayPage *pg)
 {
 	OutboxEvent *dead = palloc(sizeof(OutboxEvent) * Max(pg->n, 1));
 	int			n = 0;
@@ -637,8 +721,8 @@ OutboxRelayTxnAbort(Relay *r, RelayPage *pg)
 	r->txn_open = false;
 	r->txn_committing = false;
 	r->marker_sent = false;
-	OutboxRelayTxnRevert(pg);
-	prerecord_dead(r, pg);
+	OutboxRelayTxnRevert(r, pg);
+	OutboxRelayTxnPrerecord(r, pg);
 }
 
 /*
