@@ -21,6 +21,7 @@ use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
 use OutboxDrill;
 use OutboxKafka;
+use OutboxFailover;
 
 my $batch_size = 500;
 my $backlog = 5000;
@@ -105,7 +106,7 @@ check('five kill -9 of the relay mid-drain');
 # a postmaster crash: every process killed at once, then a start
 add_backlog();
 usleep(300_000);
-$node->stop('immediate');
+kill_all_processes($node);
 $node->start;
 wait_for_relay($node, 'postgres', 60);
 check('a postmaster crash mid-drain');
