@@ -419,6 +419,7 @@ OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
 	rd_kafka_t *rk;
 	rd_kafka_t *hw;
 	int			found = 0;
+	int			nparts = 0;
 
 	*value = NULL;
 	if ((rk = marker_consumer("read_committed", errmsg)) == NULL)
@@ -429,16 +430,23 @@ OutboxKafkaReadMarker(const char *topic, const char *key, char **value,
 		return -1;
 	}
 	rkt = rd_kafka_topic_new(rk, topic, NULL);
-	if (rd_kafka_metadata(rk, 0, rkt, &md, ADMIN_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-		md->topic_cnt != 1 || md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (rd_kafka_metadata(rk, 0, rkt, &md, ADMIN_TIMEOUT_MS) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+		md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+	{
+		/* no topic (yet: made a moment ago, or on first produce): no record */
+		found = 0;
+	}
+	else if (md == NULL || md->topic_cnt != 1 || md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		*errmsg = psprintf("no metadata for the topic: %s",
 						   md && md->topic_cnt == 1 ? rd_kafka_err2str(md->topics[0].err) :
 						   "no answer");
 		found = -1;
 	}
+	else
+		nparts = md->topics[0].partition_cnt;
 	/* the last record with key is in one partition: the producer's key hash */
-	for (int i = 0; found == 0 && i < md->topics[0].partition_cnt; i++)
+	for (int i = 0; found == 0 && i < nparts; i++)
 		found = read_partition(rk, hw, topic, md->topics[0].partitions[i].id, key, value,
 							   deadline, errmsg);
 	if (md != NULL)

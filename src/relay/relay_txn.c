@@ -487,6 +487,9 @@ apply_marker(Relay *r, const RelayMarker *m)
 		OutboxRelayBeginTxn("recording a committed Kafka transaction");
 		OutboxStoreSavePage(m->snapshot, m->last_id, m->events, m->done);
 		OutboxStoreSaveKafkaTransaction(m->transaction);
+		OutboxRelayEndTxn(r);
+		/* read back in a snapshot that sees it */
+		OutboxRelayBeginTxn("loading progress");
 		OutboxStoreLoadProgress(&r->batch, r->cxt);
 		OutboxRelayEndTxn(r);
 		/* reading goes on from the position recorded now */
