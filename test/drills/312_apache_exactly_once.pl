@@ -1,4 +1,4 @@
-# test/t/312_apache_exactly_once.pl: outbox.delivery = exactly_once on a
+# test/drills/312_apache_exactly_once.pl: outbox.delivery = exactly_once on a
 # real Apache Kafka cluster, under load, read back by the Java client with
 # isolation.level=read_committed.  Faults: kill -9 of the relay five times
 # mid-drain, a postmaster crash, kill -9 of a partition leader, a rolling
@@ -6,7 +6,8 @@
 # aggregate in seq order, no phantom.  The aborted transactions' copies
 # that a read_uncommitted reader sees are counted.  A control run of the
 # kills under at_least_once shows the duplicates this mode removes.  The
-# promoted standby that fences its old primary is t/313.
+# promoted standby that fences its old primary is t/313.  A drill of about
+# five minutes: run on demand (docs/development.md), not in CI.
 
 use strict;
 use warnings;
