@@ -1,4 +1,4 @@
-# test/t/028_exactly_once.pl: outbox.delivery = exactly_once on the mock
+# test/t/113_exactly_once.pl: outbox.delivery = exactly_once on the mock
 # cluster.  Each page goes out in a Kafka transaction that ends with a
 # progress record keyed by the relay's transactional.id; the database
 # records the transaction's number with the page.  After kill -9 of the
@@ -7,7 +7,7 @@
 # in order, and nothing else.  librdkafka's mock cluster keeps no
 # transaction markers, so its readers see aborted messages too: that
 # read_committed consumers see each event once, and the at_least_once
-# control, are proven on Apache Kafka (t/312).
+# control, are proven on Apache Kafka (test/drills/312, on demand) and t/313.
 
 use strict;
 use warnings;
