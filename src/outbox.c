@@ -89,6 +89,7 @@ static const struct config_enum_entry delivery_options[] = {
 };
 
 int			outbox_delivery;
+int			outbox_transaction_events;
 char	   *outbox_progress_topic;
 char	   *outbox_transactional_id_suffix;
 
@@ -470,6 +471,15 @@ define_delivery_settings(void)
 							 OUTBOX_DELIVERY_AT_LEAST_ONCE, delivery_options,
 							 PGC_SIGHUP, 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.transaction_events",
+							"With outbox.delivery = exactly_once, the most events in one page, which is one Kafka transaction.",
+							"A transaction costs a few round trips to the cluster whatever its size; "
+							"at_least_once pages hold outbox.batch_size events.",
+							&outbox_transaction_events,
+							20000, 1, OUTBOX_BATCH_SIZE_MAX,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.progress_topic",
 							   "Compacted Kafka topic where, with outbox.delivery = exactly_once, each relay records how far it has published.",

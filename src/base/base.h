@@ -144,6 +144,7 @@ extern int	outbox_hold_after;
 extern char *outbox_synchronized_standby_slots;
 extern bool outbox_allow_drop_undelivered;
 extern int	outbox_delivery;
+extern int	outbox_transaction_events;
 extern char *outbox_progress_topic;
 extern char *outbox_transactional_id_suffix;
 

@@ -432,9 +432,17 @@ free_producer_memo(OutboxProducer *producer)
  *		file as last read.  NULL and a message in *errmsg when one is refused.
  */
 static rd_kafka_conf_t *
-producer_conf(char **errmsg)
+producer_conf(bool transactional, char **errmsg)
 {
 	static const char *const defaults[][2] = {
+		/*
+		 * Transactional: a transaction begun just after the last one's
+		 * commit meets CONCURRENT_TRANSACTIONS while the coordinator writes
+		 * the commit markers, and librdkafka retries after this backoff
+		 * (100 ms by default: a floor under every transaction).  First, so
+		 * that outbox.kafka_config may change it.
+		 */
+		{"retry.backoff.ms", "10"},
 		{"enable.idempotence", "true"},
 		{"linger.ms", "1"},
 		{"batch.num.messages", "10000"},
@@ -448,7 +456,9 @@ producer_conf(char **errmsg)
 		{"message.timeout.ms", "0"},
 	};
 
-	return OutboxKafkaClientConf(defaults, lengthof(defaults), errmsg);
+	if (transactional)
+		return OutboxKafkaClientConf(defaults, lengthof(defaults), errmsg);
+	return OutboxKafkaClientConf(defaults + 1, lengthof(defaults) - 1, errmsg);
 }
 
 /*
@@ -529,7 +539,7 @@ OutboxProducerCreate(int event_fd, const char *transactional_id, char **errmsg)
 		*errmsg = pstrdup(secrets_error);
 		return NULL;
 	}
-	if ((conf = producer_conf(errmsg)) == NULL)
+	if ((conf = producer_conf(transactional_id != NULL, errmsg)) == NULL)
 		return NULL;
 	producer = calloc(1, sizeof(OutboxProducer));
 	if (producer == NULL ||

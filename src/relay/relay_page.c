@@ -121,11 +121,11 @@ report_backlog(Relay *r, bool opened, int64 remaining, TimestampTz oldest,
  *		next batch starts where this one ends, whatever is acknowledged yet.
  */
 static void
-move_reader(Relay *r, RelayPage *pg, bool cut)
+move_reader(Relay *r, RelayPage *pg, int limit, bool cut)
 {
 	OutboxBatch *batch = &r->batch;
 
-	pg->done = (pg->n < outbox_batch_size && !cut) ||
+	pg->done = (pg->n < limit && !cut) ||
 		pg->last_id >= batch->max_id;
 	batch->remaining -= pg->n;
 	if (!pg->done)
@@ -154,6 +154,8 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 {
 	bool		opened = false;
 	bool		cut = false;
+	/* exactly_once: a page is a Kafka transaction, whose cost is per page */
+	int			limit = RELAY_TRANSACTIONAL(r) ? outbox_transaction_events : outbox_batch_size;
 
 	MemoryContextReset(pg->cxt);
 	pg->n = 0;
@@ -182,7 +184,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 		r->batch_open = true;
 		opened = true;
 	}
-	pg->n = OutboxStoreReadPage(&r->batch, outbox_batch_size, outbox_batch_max_bytes,
+	pg->n = OutboxStoreReadPage(&r->batch, limit, outbox_batch_max_bytes,
 								&pg->events, pg->cxt, &cut);
 	OutboxRelayEndTxn(r);
 
@@ -192,7 +194,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	pg->cur = MemoryContextStrdup(pg->cxt, r->batch.cur);
 	pg->standby_lsn = r->batch_lsn;
 	pg->last_id = pg->n > 0 ? pg->events[pg->n - 1].id : r->batch.last_id;
-	move_reader(r, pg, cut);
+	move_reader(r, pg, limit, cut);
 	return true;
 }
 
