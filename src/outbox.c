@@ -477,7 +477,7 @@ define_delivery_settings(void)
 							"A transaction costs a few round trips to the cluster whatever its size; "
 							"at_least_once pages hold outbox.batch_size events.",
 							&outbox_transaction_events,
-							20000, 1, OUTBOX_BATCH_SIZE_MAX,
+							50000, 1, OUTBOX_BATCH_SIZE_MAX,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 

@@ -464,6 +464,9 @@ step_send(Relay *r)
 		r->page_in_txn = true;
 	}
 	OutboxRelaySendRound(r, pg);
+	/* its progress record goes with the first round: one registration */
+	if (r->txn_open && !r->marker_sent)
+		OutboxRelayTxnSendMarker(r, pg);
 	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
 	{
 		RelayPage  *next = (pg == &r->pages[0]) ? &r->pages[1] : &r->pages[0];

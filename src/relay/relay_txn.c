@@ -300,8 +300,10 @@ marker_value(Relay *r, RelayPage *pg, int64 transaction)
 	int			delivered = 0;
 	int			i;
 
+	/* what the transaction delivers once it commits: all but the dead */
 	for (i = 0; i < pg->n; i++)
-		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED)
+		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED ||
+			pg->events[i].disposition == OUTBOX_EVENT_PENDING)
 			delivered++;
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,",
@@ -755,8 +757,10 @@ OutboxRelayTxnSkipSettled(Relay *r, RelayPage *pg)
 
 /*
  * OutboxRelayTxnSendMarker
- *		Every event of pg is settled in the open transaction: produce its
- *		progress record, last.
+ *		Produce pg's progress record in the open transaction, with the
+ *		transaction's first round: the transaction commits only once every
+ *		event of the page is delivered in it, and aborts otherwise, so the
+ *		record's count and position hold for whatever commits.
  */
 void
 OutboxRelayTxnSendMarker(Relay *r, RelayPage *pg)
