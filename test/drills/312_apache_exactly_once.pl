@@ -32,6 +32,7 @@ my $node = outbox_node(
 	conf => qq{
 outbox.delivery = exactly_once
 outbox.batch_size = $batch_size
+outbox.transaction_events = $batch_size
 outbox.delivery_timeout = '10s'
 outbox.retry_backoff_min = '100ms'
 outbox.retry_backoff_max = '1s'
