@@ -168,8 +168,13 @@ extern const char *OutboxDeliveryErrorText(int err, bool local);
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
 
 /* kafka_txn.c: Kafka transactions and the progress record (exactly_once) */
-/* a transaction's bound at the coordinator (transaction.timeout.ms) */
-#define OUTBOX_TXN_TIMEOUT_MS	"60000"
+/*
+ * A transaction's bound at the coordinator (transaction.timeout.ms): 60 s,
+ * or four times outbox.delivery_timeout, at most the brokers' default
+ * transaction.max.timeout.ms
+ */
+#define OUTBOX_TXN_TIMEOUT_MS		60000
+#define OUTBOX_TXN_TIMEOUT_MAX_MS	900000
 
 typedef enum OutboxTxnResult
 {
@@ -180,6 +185,7 @@ typedef enum OutboxTxnResult
 	OUTBOX_TXN_FATAL			/* destroy the producer, build another */
 } OutboxTxnResult;
 
+extern bool OutboxProducerFenced(OutboxProducer *producer);
 extern OutboxTxnResult OutboxProducerInitTxn(OutboxProducer *producer, int timeout_ms,
 											 char *buf, size_t len);
 extern OutboxTxnResult OutboxProducerBeginTxn(OutboxProducer *producer, char *buf,

@@ -67,6 +67,25 @@ txn_result(rd_kafka_error_t *error, char *buf, size_t len)
 }
 
 /*
+ * OutboxProducerFenced
+ *		Whether the producer's fatal error is a fence: a newer producer
+ *		with its transactional.id exists (or took over after this one's
+ *		transaction timed out at the coordinator).
+ */
+bool
+OutboxProducerFenced(OutboxProducer *producer)
+{
+	char		buf[256];
+	rd_kafka_resp_err_t code;
+
+	if (producer->built_txn_id == NULL)
+		return false;
+	code = rd_kafka_fatal_error(producer->rk, buf, sizeof(buf));
+	return code == RD_KAFKA_RESP_ERR__FENCED || code == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+		code == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
+}
+
+/*
  * OutboxProducerInitTxn
  *		init_transactions(): fences every earlier producer with the same
  *		transactional.id and finishes or aborts its open transaction.

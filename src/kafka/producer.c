@@ -533,6 +533,7 @@ OutboxProducerCreate(int event_fd, const char *transactional_id, char **errmsg)
 	rd_kafka_conf_t *conf;
 	OutboxProducer *producer;
 	char		errstr[512];
+	char		timeout[16];
 
 	if (secrets_error != NULL)
 	{
@@ -553,13 +554,20 @@ OutboxProducerCreate(int event_fd, const char *transactional_id, char **errmsg)
 		*errmsg = pstrdup("out of memory");
 		goto fail;
 	}
+	/*
+	 * The coordinator aborts a transaction older than its timeout and fences
+	 * its producer: a page's rounds and commit, each bounded by
+	 * outbox.delivery_timeout (relay.c), must end well within it.
+	 */
+	snprintf(timeout, sizeof(timeout), "%d",
+			 Min(Max(OUTBOX_TXN_TIMEOUT_MS, 4 * outbox_delivery_timeout), OUTBOX_TXN_TIMEOUT_MAX_MS));
 	if (transactional_id != NULL &&
 		(rd_kafka_conf_set(conf, "transactional.id", transactional_id,
 						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "transaction.timeout.ms", OUTBOX_TXN_TIMEOUT_MS,
+		 rd_kafka_conf_set(conf, "transaction.timeout.ms", timeout,
 						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
 		 /* librdkafka wants messages to time out within the transaction */
-		 rd_kafka_conf_set(conf, "message.timeout.ms", OUTBOX_TXN_TIMEOUT_MS,
+		 rd_kafka_conf_set(conf, "message.timeout.ms", timeout,
 						   errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK))
 	{
 		rd_kafka_conf_destroy(conf);

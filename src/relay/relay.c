@@ -626,10 +626,12 @@ step_commit(Relay *r)
 		case OUTBOX_TXN_OK:
 			return RELAY_STEP_RECORD;
 		case OUTBOX_TXN_RETRY:
-			/* a reload or a stop is looked at between two slices */
-			if (relay_wait(r, 10, WAIT_ACKS(r)) & RELAY_WAKE_STOP)
-				return RELAY_STEP_STOP;
-			return RELAY_STEP_COMMIT;
+			/* within outbox.delivery_timeout, like a round; then abort */
+			if (GetCurrentTimestamp() < r->round_give_up)
+				return (relay_wait(r, 10, WAIT_ACKS(r)) & RELAY_WAKE_STOP) ?
+					RELAY_STEP_STOP : RELAY_STEP_COMMIT;
+			OutboxRelayTxnAbort(r, pg);
+			break;
 		case OUTBOX_TXN_ABORT:
 			OutboxRelayTxnAbort(r, pg);
 			break;

@@ -134,6 +134,12 @@ OutboxRelayEnsureProducer(Relay *r)
 		OutboxRelaySetState(r, OUTBOX_RELAY_FENCED);
 		return false;
 	}
+	/* a fenced producer is never rebuilt: that would fence the new owner */
+	if (r->producer != NULL && OutboxProducerFenced(r->producer))
+	{
+		OutboxRelayTxnFence(r, "the producer's transactional.id was taken by a newer producer");
+		return false;
+	}
 	if (r->producer != NULL)
 	{
 		if (r->fatal_reason != NULL)

@@ -7,8 +7,9 @@
  *		  relay.c          the loop, its steps and its one wait
  *		  relay_round.c    rounds of a page: send, settle, quarantine
  *		  relay_producer.c the producer: built, served, closed when idle
- *		  relay_txn.c      exactly_once: Kafka transactions, the progress
- *		                   record, reconciling with it
+ *		  relay_txn.c      exactly_once: Kafka transactions, reconciling
+ *		                   with the progress record
+ *		  relay_marker.c   the progress record written, parsed, judged
  *		  relay_page.c     the database side: short transactions (store_batch.c)
  *		  relay_hold.c     held partitions: probes and drains
  *		  relay_standby.c  a page waits for the standbys named in
@@ -277,12 +278,33 @@ extern bool OutboxRelayTakeDrain(Relay *r);
 extern void OutboxRelayRecordDrain(Relay *r, RelayPage *pg);
 extern void OutboxRelayCountHeld(Relay *r, const RelayPage *pg);
 
+/* a progress record, as parsed */
+typedef struct RelayMarker
+{
+	int64		transaction;
+	bool		replay;			/* a replay page; else a batch page */
+	char	   *snapshot;		/* batch: the batch's snapshot */
+	int64		first_id;		/* replay: first queue position */
+	int64		last_id;		/* batch: last event id; replay: last queue
+								 * position */
+	bool		done;			/* batch: the batch's last page */
+	int			events;			/* events published in it */
+	TimeLineID	timeline;		/* the WAL the page was read from: every */
+	XLogRecPtr	lsn;			/* commit it saw ends before lsn */
+} RelayMarker;
+
+/* relay_marker.c */
+extern bool OutboxRelayParseMarker(const char *value, RelayMarker *m);
+extern char *OutboxRelayMarkerValue(Relay *r, RelayPage *pg, int64 transaction);
+extern bool OutboxRelayMarkerFits(Relay *r, const RelayMarker *m);
+
 /* relay_txn.c; whether the producer publishes in Kafka transactions */
 #define RELAY_TRANSACTIONAL(r) \
 	((r)->producer != NULL && OutboxProducerTransactionalId((r)->producer) != NULL)
 
 extern const char *OutboxRelayTxnIdWanted(Relay *r);
 extern bool OutboxRelayTxnStart(Relay *r);
+extern void OutboxRelayTxnFence(Relay *r, const char *err);
 extern bool OutboxRelayTxnBegin(Relay *r);
 extern void OutboxRelayTxnAbort(Relay *r, RelayPage *pg);
 extern void OutboxRelayTxnSkipSettled(Relay *r, RelayPage *pg);

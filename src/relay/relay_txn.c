@@ -60,8 +60,8 @@
 
 #define TXN_SLICE_MS			250 /* a blocking call's slice */
 #define TXN_CALL_MAX_MS			30000	/* then the relay backs off */
-#define MARKER_READ_TIMEOUT_MS	70000	/* past a transaction's timeout */
-#define MARKER_SNAPSHOT_MAX		65536
+/* past another relay's transaction timeout (OUTBOX_TXN_TIMEOUT_MS) */
+#define MARKER_READ_TIMEOUT_MS	(OUTBOX_TXN_TIMEOUT_MS + 10000)
 
 /* bsearch's order of int64 */
 static int
@@ -72,21 +72,6 @@ compare_int64(const void *a, const void *b)
 
 	return (x > y) - (x < y);
 }
-
-/* a progress record, as parsed */
-typedef struct RelayMarker
-{
-	int64		transaction;
-	bool		replay;			/* a replay page; else a batch page */
-	char	   *snapshot;		/* batch: the batch's snapshot */
-	int64		first_id;		/* replay: first queue position */
-	int64		last_id;		/* batch: last event id; replay: last queue
-								 * position */
-	bool		done;			/* batch: the batch's last page */
-	int			events;			/* events published in it */
-	TimeLineID	timeline;		/* the WAL the page was read from: every */
-	XLogRecPtr	lsn;			/* commit it saw ends before lsn */
-} RelayMarker;
 
 /*
  * OutboxRelayTxnIdWanted
@@ -166,6 +151,13 @@ txn_failed(Relay *r, OutboxTxnResult result, const char *what, const char *err)
 	return false;
 }
 
+/* the producer turned out fenced: stop publishing (txn_failed) */
+void
+OutboxRelayTxnFence(Relay *r, const char *err)
+{
+	(void) txn_failed(r, OUTBOX_TXN_FENCED, "the Kafka producer is fenced", err);
+}
+
 /* call a resumable transactional call in slices, looking at shutdown */
 static OutboxTxnResult
 sliced(Relay *r, OutboxTxnResult (*call) (OutboxProducer *, int, char *, size_t),
@@ -182,233 +174,6 @@ sliced(Relay *r, OutboxTxnResult (*call) (OutboxProducer *, int, char *, size_t)
 			return result;
 		CHECK_FOR_INTERRUPTS();
 	}
-}
-
-/* a decimal int64 at *p, moving p past it; false when there is none */
-static bool
-parse_int64(const char **p, int64 *out)
-{
-	char	   *end;
-
-	if (**p < '0' || **p > '9')
-		return false;
-	errno = 0;
-	*out = strtoi64(*p, &end, 10);
-	if (errno != 0)
-		return false;
-	*p = end;
-	return true;
-}
-
-/* the text after "key": in the record, or NULL */
-static const char *
-field(const char *value, const char *key)
-{
-	char		quoted[64];
-	const char *p;
-
-	snprintf(quoted, sizeof(quoted), "\"%s\":", key);
-	p = strstr(value, quoted);
-	return p ? p + strlen(quoted) : NULL;
-}
-
-/* the record was written by a relay of this cluster (or its standby's) */
-static bool
-same_system(const char *value)
-{
-	char		mine[48];
-	const char *p = field(value, "system_identifier");
-
-	snprintf(mine, sizeof(mine), "\"" UINT64_FORMAT "\"", GetSystemIdentifier());
-	return p != NULL && strncmp(p, mine, strlen(mine)) == 0;
-}
-
-/* the record's "timeline" and "lsn" ("X/X", as pg_lsn writes it) */
-static bool
-parse_position(const char *value, RelayMarker *m)
-{
-	const char *p;
-	int64		tli;
-	unsigned int hi,
-				lo;
-	int			used = 0;
-
-	if ((p = field(value, "timeline")) == NULL || !parse_int64(&p, &tli) ||
-		tli <= 0 || tli > PG_UINT32_MAX ||
-		(p = field(value, "lsn")) == NULL ||
-		sscanf(p, "\"%8X/%8X\"%n", &hi, &lo, &used) != 2 || used == 0)
-		return false;
-	m->timeline = (TimeLineID) tli;
-	m->lsn = ((uint64) hi << 32) | lo;
-	return true;
-}
-
-/*
- * parse_marker
- *		A progress record as this file writes it (marker_value), strictly:
- *		false for anything else.
- */
-static bool
-parse_marker(const char *value, RelayMarker *m)
-{
-	const char *p;
-	int64		events;
-	size_t		len;
-
-	memset(m, 0, sizeof(*m));
-	if (strncmp(value, "{\"version\":1,", 13) != 0 ||
-		(p = field(value, "transaction")) == NULL || !parse_int64(&p, &m->transaction) ||
-		(p = field(value, "events")) == NULL || !parse_int64(&p, &events) ||
-		events > INT_MAX || m->transaction > PG_INT64_MAX / 2 ||
-		(p = field(value, "kind")) == NULL || !same_system(value))
-		return false;
-	m->events = (int) events;
-	if (!parse_position(value, m))
-		return false;
-	if (strncmp(p, "\"replay\"", 8) == 0)
-	{
-		m->replay = true;
-		return (p = field(value, "first_position")) != NULL && parse_int64(&p, &m->first_id) &&
-			(p = field(value, "last_position")) != NULL && parse_int64(&p, &m->last_id);
-	}
-	if (strncmp(p, "\"batch\"", 7) != 0 ||
-		(p = field(value, "last_id")) == NULL || !parse_int64(&p, &m->last_id) ||
-		(p = field(value, "done")) == NULL)
-		return false;
-	m->done = strncmp(p, "true", 4) == 0;
-	if (!m->done && strncmp(p, "false", 5) != 0)
-		return false;
-	if ((p = field(value, "snapshot")) == NULL || *p++ != '"')
-		return false;
-	len = strspn(p, "0123456789:,");
-	if (len == 0 || len > MARKER_SNAPSHOT_MAX || p[len] != '"')
-		return false;
-	m->snapshot = pnstrdup(p, len);
-	return true;
-}
-
-/*
- * marker_value
- *		The progress record of pg's transaction: its number and the page's
- *		position in the relay's own terms, with the WAL it was read from
- *		(palloc'd JSON).
- */
-static char *
-marker_value(Relay *r, RelayPage *pg, int64 transaction)
-{
-	StringInfoData buf;
-	int			delivered = 0;
-	int			i;
-
-	/* what the transaction delivers once it commits: all but the dead */
-	for (i = 0; i < pg->n; i++)
-		if (pg->events[i].disposition == OUTBOX_EVENT_DELIVERED ||
-			pg->events[i].disposition == OUTBOX_EVENT_PENDING)
-			delivered++;
-	initStringInfo(&buf);
-	appendStringInfo(&buf, "{\"version\":1,\"transaction\":" INT64_FORMAT ",\"events\":%d,",
-					 transaction, delivered);
-	if (pg->replay)
-		appendStringInfo(&buf, "\"kind\":\"replay\",\"first_position\":" INT64_FORMAT
-						 ",\"last_position\":" INT64_FORMAT ",",
-						 pg->n > 0 ? pg->events[0].queue_position : 0,
-						 pg->n > 0 ? pg->events[pg->n - 1].queue_position : 0);
-	else
-		appendStringInfo(&buf, "\"kind\":\"batch\",\"last_id\":" INT64_FORMAT ",\"done\":%s,"
-						 "\"snapshot\":\"%s\",",
-						 pg->last_id, pg->done ? "true" : "false", pg->cur);
-	appendStringInfo(&buf, "\"timeline\":%u,\"lsn\":\"%X/%X\",\"system_identifier\":\""
-					 UINT64_FORMAT "\",\"database\":",
-					 GetWALInsertionTimeLine(), LSN_FORMAT_ARGS(pg->standby_lsn),
-					 GetSystemIdentifier());
-	escape_json(&buf, r->dbname);
-	appendStringInfoChar(&buf, '}');
-	return buf.data;
-}
-
-/*
- * snapshot_sane
- *		A snapshot's text that pg_snapshot takes, and that names no
- *		transaction this database has not begun: xmin <= xip < xmax <= the
- *		next transaction id.
- */
-static bool
-snapshot_sane(const char *text)
-{
-	uint64		next = U64FromFullTransactionId(ReadNextFullTransactionId());
-	uint64		xmin,
-				xmax,
-				x;
-	char	   *p;
-
-	errno = 0;
-	xmin = strtou64(text, &p, 10);
-	if (*p != ':' || errno != 0)
-		return false;
-	xmax = strtou64(p + 1, &p, 10);
-	if (*p != ':' || errno != 0 || xmin > xmax || xmax > next || xmin == 0)
-		return false;
-	p++;
-	while (*p != '\0')
-	{
-		x = strtou64(p, &p, 10);
-		if (errno != 0 || x < xmin || x >= xmax || (*p != ',' && *p != '\0'))
-			return false;
-		if (*p == ',')
-			p++;
-	}
-	return true;
-}
-
-/*
- * marker_in_history
- *		Whether this database has every commit the record's page saw: the
- *		page was read on its own timeline, or on an earlier one of its
- *		history before this one branched off.  A promoted standby that had
- *		not replayed that far lacks those transactions, and its own may
- *		reuse their transaction ids: a record from that WAL is not applied.
- */
-static bool
-marker_in_history(const RelayMarker *m)
-{
-	TimeLineID	tli = GetWALInsertionTimeLine();
-	List	   *history;
-
-	if (m->timeline == tli)
-		return true;
-	if (m->timeline > tli)
-		return false;
-	history = readTimeLineHistory(tli);
-	return tliInHistory(m->timeline, history) &&
-		m->lsn <= tliSwitchPoint(m->timeline, history, NULL);
-}
-
-/*
- * marker_fits
- *		Whether a batch record can describe the page after the database's
- *		position: the batch under way, further on; or, between batches, a
- *		snapshot no older than the last batch's.  A record that does not
- *		fit is not applied.
- */
-static bool
-marker_fits(Relay *r, const RelayMarker *m)
-{
-	uint64		xmin_new,
-				xmin_old;
-
-	if (!marker_in_history(m))
-		return false;
-	if (m->replay)
-		return true;
-	if (!snapshot_sane(m->snapshot))
-		return false;
-	if (r->batch.cur != NULL)
-		return strcmp(m->snapshot, r->batch.cur) == 0 && m->last_id > r->batch.last_id;
-	if (r->batch.prev == NULL)
-		return true;
-	xmin_new = strtou64(m->snapshot, NULL, 10);
-	xmin_old = strtou64(r->batch.prev, NULL, 10);
-	return xmin_new >= xmin_old;
 }
 
 /*
@@ -432,7 +197,7 @@ apply_replay_marker(Relay *r, const RelayMarker *m)
 			pg->events[n] = pg->events[i];
 			pg->events[n++].disposition = OUTBOX_EVENT_DELIVERED;
 		}
-	/* every entry the transaction had, and no other (see marker_fits) */
+	/* every entry the transaction had, and no other (see OutboxRelayMarkerFits) */
 	if (n != m->events)
 		return false;
 	pg->n = n;
@@ -471,7 +236,7 @@ not_applied(Relay *r, const RelayMarker *m)
 static void
 apply_marker(Relay *r, const RelayMarker *m)
 {
-	if (!marker_fits(r, m))
+	if (!OutboxRelayMarkerFits(r, m))
 	{
 		not_applied(r, m);
 		return;
@@ -547,7 +312,7 @@ reconcile(Relay *r)
 	}
 	if (found == 0)
 		memset(&m, 0, sizeof(m));
-	else if (!parse_marker(value, &m))
+	else if (!OutboxRelayParseMarker(value, &m))
 	{
 		ereport(WARNING,
 				(errmsg("outbox relay for database \"%s\": the last progress record in \"%s\" is not one a relay writes",
@@ -612,6 +377,10 @@ OutboxRelayTxnStart(Relay *r)
 	char		err[256];
 	OutboxTxnResult result;
 
+	/* a reloaded progress topic is checked and read again between pages */
+	if (r->txn_ready && !r->txn_open && r->topic_checked != NULL &&
+		strcmp(r->topic_checked, outbox_progress_topic) != 0)
+		r->txn_ready = false;
 	if (r->txn_ready)
 		return true;
 	if (r->holds != NIL)
@@ -767,7 +536,7 @@ OutboxRelayTxnSendMarker(Relay *r, RelayPage *pg)
 {
 	memset(&r->marker, 0, sizeof(r->marker));
 	OutboxProducerSendMarker(r->producer, outbox_progress_topic, r->txn_id,
-							 marker_value(r, pg, r->kafka_txn + 1), &r->marker);
+							 OutboxRelayMarkerValue(r, pg, r->kafka_txn + 1), &r->marker);
 	r->marker_sent = true;
 }
 
