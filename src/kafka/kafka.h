@@ -190,6 +190,7 @@ extern OutboxTxnResult OutboxProducerInitTxn(OutboxProducer *producer, int timeo
 											 char *buf, size_t len);
 extern OutboxTxnResult OutboxProducerBeginTxn(OutboxProducer *producer, char *buf,
 											  size_t len);
+extern bool OutboxProducerTxnFailed(OutboxProducer *producer);
 extern OutboxTxnResult OutboxProducerCommitTxn(OutboxProducer *producer, int timeout_ms,
 											   char *buf, size_t len);
 extern OutboxTxnResult OutboxProducerAbortTxn(OutboxProducer *producer, int timeout_ms,

@@ -50,6 +50,8 @@ struct OutboxProducer
 	char	   *built_config;
 	char	   *built_secrets;
 	char	   *built_txn_id;	/* transactional.id; NULL: not transactional */
+	bool		txn_failed;		/* librdkafka failed the open transaction: it
+								 * must be aborted (kafka_txn.c) */
 };
 
 /* producer.c, for kafka_consumer.c */

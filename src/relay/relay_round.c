@@ -258,7 +258,8 @@ OutboxRelaySendRound(Relay *r, RelayPage *pg)
 /*
  * OutboxRelayWatchRound
  *		The round under way still has pending messages: withdraw it whole
- *		once outbox.delivery_timeout passed, or say that it is late.
+ *		once outbox.delivery_timeout passed or librdkafka failed its Kafka
+ *		transaction, or say that it is late.
  */
 void
 OutboxRelayWatchRound(Relay *r, int pending)
@@ -278,6 +279,19 @@ OutboxRelayWatchRound(Relay *r, int pending)
 				 "outbox.delivery_timeout (%d ms) passed with %d brokers up",
 				 outbox_delivery_timeout, OutboxProducerBrokersUp(r->producer));
 		OutboxRelayNoteError(r, "Kafka did not acknowledge in time, resending", detail);
+		OutboxProducerPurge(r->producer);
+		r->round_give_up = PG_INT64_MAX;
+	}
+	else if (r->round_give_up != PG_INT64_MAX && RELAY_TRANSACTIONAL(r) &&
+			 OutboxProducerTxnFailed(r->producer))
+	{
+		/*
+		 * exactly_once: a failed transaction is aborted whole, and librdkafka
+		 * may hold what it has not acknowledged until then (a partition
+		 * drained for an epoch bump), so waiting for their reports would
+		 * wait for the timeout.  The purge ends the round; the abort and
+		 * the page sent again follow (relay_txn.c).
+		 */
 		OutboxProducerPurge(r->producer);
 		r->round_give_up = PG_INT64_MAX;
 	}
