@@ -45,6 +45,7 @@ use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
+use JSON::PP ();
 
 use OutboxTest;
 
@@ -59,6 +60,7 @@ our @EXPORT = qw(
   relay_status
   server_crashed_since
   explain_missing
+  diag_outbox_log
 );
 
 # the load's aggregate type, hence its topic under the default template
@@ -321,11 +323,28 @@ SELECT e.event_id, e.id, e.txid, e.topic, e.created_at,
   FROM outbox.events e WHERE e.event_id IN ($list) ORDER BY e.id}));
 	diag($node->safe_psql($dbname,
 		'SELECT relay, prev_snapshot, batch_snapshot, batch_last_id, published, batches FROM outbox.relay_progress'));
-	diag($node->safe_psql($dbname, 'SELECT row_to_json(s) FROM outbox.status() s'));
+	my $status = relay_status($node, $dbname);
+	diag(JSON::PP->new->canonical->encode($status));
+	diag_outbox_log($node, 40);
+	return;
+}
+
+=pod
+
+=item diag_outbox_log(node, lines)
+
+Says with diag the server log's last lines (at most lines of them) that
+come from the relay or report an error.
+
+=cut
+
+sub diag_outbox_log
+{
+	my ($node, $lines) = @_;
 	my @log = grep { /^\d{4}-\d\d-\d\d / && /outbox|ERROR|FATAL|PANIC/ && !/statement:/ }
 	  split /\n/,
 	  PostgreSQL::Test::Utils::slurp_file($node->logfile);
-	diag(join("\n", @log[ ($#log > 40 ? $#log - 40 : 0) .. $#log ]));
+	diag(join("\n", @log[ ($#log > $lines ? $#log - $lines : 0) .. $#log ]));
 	return;
 }
 
