@@ -92,6 +92,20 @@ def kill_mid_drain(b, server, conn, boot, agg):
     return conn, c - n
 
 
+def bare_latency(b, boot, topic, mode, marker=None):
+    """the floor: test/bench/bare_producer sending {"t": ...} at 100 ev/s
+    from memory, with the relay's producer settings (transactional: every
+    message due when a transaction begins goes in it, plus one record to
+    marker, as the relay sends a page and its progress record), read by the
+    same kcat consumer as the relay's events"""
+    consumer = b.Consumer(boot, topic)
+    time.sleep(3)
+    subprocess.run([os.path.join(b.ROOT, "test/bench/bare_producer"), boot, topic, "tick", "100",
+                    str(b.LAT_SECS), mode] + ([marker] if marker else []),
+                   check=True, capture_output=True, timeout=b.LAT_SECS + 120)
+    return consumer.stop()
+
+
 def bench_eos(b, server, conn):
     kdir = tempfile.mkdtemp(prefix="outbox-apache.")
     boot = subprocess.run([b.APACHE_TOOL, "up", kdir, "3"], check=True, capture_output=True,
@@ -103,7 +117,9 @@ def bench_eos(b, server, conn):
         b.set_conf(conn, "outbox.enabled", "off")
         b.set_conf(conn, "outbox.kafka_brokers", boot)
         create_topics(b, kdir, boot, [f"outbox.event.{m}{k}" for m in modes
-                                      for k in ("drain", "tick", "kill")])
+                                      for k in ("drain", "tick", "kill")]
+                      + ["outbox.event.barealotick", "outbox.event.bareeostick",
+                         "outbox.event.baremarker"])
         b.KAFKA[S] = "Apache Kafka 3.9.1 (test/kafka/apache), 3 brokers on the same machine"
         drains = {m: [] for m in modes}
         for m in ("alo", "eos", "eos", "alo"):
@@ -124,12 +140,23 @@ def bench_eos(b, server, conn):
             b.q(conn, f"SELECT outbox.emit('{m}tick', '0', 'tick', '{{}}')")
             time.sleep(2)
             lat[m] = b.latency_run(server, boot, f"outbox.event.{m}tick", tick, b.LAT_SECS, 100)
+        bare = {"alo": bare_latency(b, boot, "outbox.event.barealotick", "idempotent"),
+                "eos": bare_latency(b, boot, "outbox.event.bareeostick", "transactional",
+                                    "outbox.event.baremarker")}
         for m in modes:
             p50, p99 = b.pct(lat[m], 50), b.pct(lat[m], 99)
             ratio = (f"{p99 / b.pct(lat['alo'], 99):.2f}" if m == "eos" else "")
             b.row(S, f"{modes[m]}: p50/p95/p99 at 100 ev/s",
                   f"{p50:.1f}/{b.pct(lat[m], 95):.1f}/{p99:.1f}", "ms", ratio,
                   f"{len(lat[m])} events, read_committed" + ("; ratio of p99" if m == "eos" else ""))
+        for m in modes:
+            p99 = b.pct(bare[m], 99)
+            b.row(S, f"bare librdkafka producer, {'transactional' if m == 'eos' else 'idempotent'}:"
+                  " p50/p95/p99 at 100 ev/s",
+                  f"{b.pct(bare[m], 50):.1f}/{b.pct(bare[m], 95):.1f}/{p99:.1f}", "ms",
+                  f"{b.pct(lat[m], 99) / p99:.2f}",
+                  f"{len(bare[m])} messages from memory, no database (test/bench/bare_producer.c);"
+                  f" ratio: {modes[m]}'s p99 to this one's")
         b.set_conf(conn, "outbox.enabled", "off")
         resent = {}
         for m in modes:
