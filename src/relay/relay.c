@@ -25,7 +25,9 @@
  *	- The next page is read while the current one's acknowledgements
  *	  travel: the database and the network work at the same time.  So at
  *	  most two pages are in memory, each bounded by outbox.batch_size
- *	  events and outbox.batch_max_bytes bytes.
+ *	  events and outbox.batch_max_bytes bytes.  Under exactly_once the page
+ *	  after a batch's last is read after the commit: its snapshot then sees
+ *	  what committed during the transaction, not the page after.
  *	- The relay waits in one place, relay_wait, on one WaitEventSet
  *	  kept for its life: its latch (set at commit by emitting backends, and
  *	  by signals), postmaster death, and the relay's event pipe, which every
@@ -43,10 +45,9 @@
  *	  within outbox.shutdown_timeout (none while the database is being
  *	  dropped), which relay_wait enforces; a round being handed to
  *	  librdkafka stops between two messages, the only blocking librdkafka
- *	  call being bounded (producer.c).  So a stopping relay is gone within about
- *	  outbox.shutdown_timeout plus librdkafka's own teardown after a purge
- *	  (rd_kafka_destroy, which sets itself no bound: producer.c); with 2,000
- *	  topics and the brokers down, a fast stop took 1.1 s (t/109).
+ *	  call being bounded (producer.c).  So a stopping relay is gone within
+ *	  about outbox.shutdown_timeout plus librdkafka's own teardown after a
+ *	  purge (rd_kafka_destroy, unbounded: producer.c; t/109 measures it).
  *	- Memory: the loop's context is reset at each step; pages, the blocked
  *	  list and the secrets memo (producer.c) live in contexts of their own,
  *	  reset when they are replaced, so reloads and rebuilds do not make the
@@ -467,7 +468,9 @@ step_send(Relay *r)
 	/* its progress record goes with the first round: one registration */
 	if (r->txn_open && !r->marker_sent)
 		OutboxRelayTxnSendMarker(r, pg);
-	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL)
+	/* exactly_once: a batch's last page is followed after its commit */
+	if (first && !pg->replay && pg->drain == NULL && r->ahead == NULL &&
+		!(RELAY_TRANSACTIONAL(r) && pg->done))
 	{
 		RelayPage  *next = (pg == &r->pages[0]) ? &r->pages[1] : &r->pages[0];
 
