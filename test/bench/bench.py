@@ -29,8 +29,10 @@ it is compared with:
   eos         (only when asked: --sections=eos) outbox.delivery =
               exactly_once against at_least_once on the same 3-broker Apache
               Kafka (test/kafka/apache): drain of the backlog, latency at 100
-              events/s as a read_committed consumer sees it, and the copies a
-              read_committed consumer reads after kill -9 mid-drain
+              events/s as a read_committed consumer sees it (beside a bare
+              librdkafka producer's, idempotent and transactional: the
+              floor), and the copies a read_committed consumer reads after
+              kill -9 mid-drain
   debezium    (only when asked: --sections=debezium) the relay against
               Debezium Server's outbox EventRouter on the same server
               (wal_level = logical), the same 3-broker Apache Kafka

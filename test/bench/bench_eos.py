@@ -9,7 +9,10 @@ events, measured in one run:
   a topic of its own, twice each in turns (ALO, EOS, EOS, ALO), best kept;
 - latency: commit to arrival at 100 events/s, as a kcat consumer reading
   read_committed sees it (in exactly_once an event is readable once its
-  page's transaction commits);
+  page's transaction commits); beside it, the same consumer's figures for
+  a bare librdkafka producer sending from memory at 100 messages/s
+  (test/bench/bare_producer.c), idempotent and transactional: what Kafka's
+  protocol costs with no database, the floor under each mode;
 - kill -9 of the relay halfway through a backlog: the messages a
   read_committed consumer finds beyond the backlog (resent copies).
 
