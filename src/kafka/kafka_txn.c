@@ -106,9 +106,11 @@ OutboxProducerBeginTxn(OutboxProducer *producer, char *buf, size_t len)
 /*
  * OutboxProducerTxnFailed
  *		Whether librdkafka failed the open transaction (an abortable error).
- *		Its messages that are not acknowledged yet may then wait for the
- *		abort (a partition drained for an epoch bump), so the relay must
- *		abort rather than wait for their reports.
+ *		librdkafka logs that error under TXNERR, once per transaction (later
+ *		ones are debug lines), which producer.c's log callback notes.  Its
+ *		messages not acknowledged yet may then wait for the abort (a
+ *		partition drained for an epoch bump), so the relay must abort rather
+ *		than wait for their reports.
  */
 bool
 OutboxProducerTxnFailed(OutboxProducer *producer)

@@ -294,18 +294,10 @@ log_report(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 
 	/* level 3 and below are errors; the rest is librdkafka chatter */
 	if (producer != NULL && level <= 3)
-	{
 		record_error(producer, "%s: %s", fac, buf);
-
-		/*
-		 * librdkafka reports the abortable error that fails a transaction
-		 * under TXNERR, once (later ones of the same transaction are debug
-		 * lines).  Messages it then holds back wait for the abort, not for
-		 * a timeout: relay_round.c aborts on it.
-		 */
-		if (strcmp(fac, "TXNERR") == 0)
-			producer->txn_failed = true;
-	}
+	/* the error that fails a transaction, once a transaction (kafka_txn.c) */
+	if (producer != NULL && level <= 3 && strcmp(fac, "TXNERR") == 0)
+		producer->txn_failed = true;
 }
 
 /*

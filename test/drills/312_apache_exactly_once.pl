@@ -63,16 +63,8 @@ sub kill_relay_mid_drain
 	poll_until($node, 'postgres', 'SELECT backlog < 1000 FROM outbox.status()', 't', 120);
 	my $before = published();
 	add_backlog();
-	my $deadline = time() + 10;
-	usleep(10_000) while published() - $before < $batch_size && time() < $deadline;
-	my $offset = -s $node->logfile;
-	my $relay = relay_pid($node, 'postgres');
-	my $done = published() - $before;
-	kill('KILL', $relay) if defined $relay;
-	wait_for_log_match($node, qr/all server processes terminated; reinitializing/, $offset, 30);
-	poll_until($node, 'postgres', 'SELECT 1', '1', 60);
-	wait_for_relay($node, 'postgres', 60);
-	return $done;
+	return kill_relay_when($node, 'postgres', sub { published() - $before },
+		$batch_size, 10, 60);
 }
 
 # what a read_committed consumer sees of every committed event

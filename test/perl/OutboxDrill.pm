@@ -61,6 +61,7 @@ our @EXPORT = qw(
   server_crashed_since
   explain_missing
   diag_outbox_log
+  kill_relay_when
 );
 
 # the load's aggregate type, hence its topic under the default template
@@ -346,6 +347,34 @@ sub diag_outbox_log
 	  PostgreSQL::Test::Utils::slurp_file($node->logfile);
 	diag(join("\n", @log[ ($#log > $lines ? $#log - $lines : 0) .. $#log ]));
 	return;
+}
+
+=pod
+
+=item kill_relay_when(node, dbname, progress, at, within, timeout)
+
+kill -9 of dbname's relay once progress (a code reference returning a
+count) reaches at, or after within seconds; then waits, up to timeout
+seconds each, for the crash restart, the server answering and the relay
+back.  Returns the count at the kill.
+
+=cut
+
+sub kill_relay_when
+{
+	my ($node, $dbname, $progress, $at, $within, $timeout) = @_;
+	my $deadline = time() + $within;
+
+	usleep(10_000) while $progress->() < $at && time() < $deadline;
+	my $offset = -s $node->logfile;
+	my $relay = relay_pid($node, $dbname);
+	my $done = $progress->();
+	kill('KILL', $relay) if defined $relay;
+	wait_for_log_match($node, qr/all server processes terminated; reinitializing/,
+		$offset, $timeout);
+	poll_until($node, $dbname, 'SELECT 1', '1', $timeout);
+	wait_for_relay($node, $dbname, $timeout);
+	return $done;
 }
 
 =pod

@@ -85,16 +85,8 @@ sub kill_mid_drain
 	$node->safe_psql('postgres',
 		"SELECT count(outbox.emit('meter', 'm-' || (i % 50), 'meter.read', jsonb_build_object('i', i)))"
 		  . " FROM generate_series(1, $backlog) i");
-	my $deadline = time() + 5;
-	usleep(10_000) while published() - $before < 2 * $batch_size && time() < $deadline;
-	my $offset = -s $node->logfile;
-	my $relay = relay_pid($node, 'postgres');
-	my $done = published() - $before;
-	kill('KILL', $relay) if defined $relay;
-	wait_for_log_match($node, qr/all server processes terminated; reinitializing/, $offset, 30);
-	poll_until($node, 'postgres', 'SELECT 1', '1', 30);
-	wait_for_relay($node, 'postgres', 30);
-	return $done;
+	return kill_relay_when($node, 'postgres', sub { published() - $before },
+		2 * $batch_size, 5, 30);
 }
 
 sub figures
