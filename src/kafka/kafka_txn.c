@@ -37,6 +37,7 @@
 #include "kafka/kafka.h"
 
 #define MARKER_READ_BACK	256		/* records read back from the end first */
+#define MARKER_READ_MAX_BACK 65536	/* the furthest back a key is looked for */
 #define ADMIN_TIMEOUT_MS	2000
 
 /* outcome of a transactional call, from the flags librdkafka gives its error */
@@ -361,9 +362,9 @@ read_range(rd_kafka_t *rk, const char *topic, int32 partition, int64 start,
  * read_partition
  *		The last committed record with key in one partition of topic: the
  *		last MARKER_READ_BACK offsets first, then four times as many further
- *		back each time, down to its start if need be (the topic is compacted:
- *		other relays' records sharing the partition leave one per key once
- *		cleaned, plus the uncleaned head).  The partition's end is
+ *		back each time, at most MARKER_READ_MAX_BACK: a record further back
+ *		(busy relays sharing the partition) reads as none, and the page in
+ *		hand is sent again.  The partition's end is
  *		its high watermark, asked of hw (a read_uncommitted handle).  -1 on
  *		failure (*errmsg), else whether found.
  */
@@ -396,7 +397,7 @@ read_partition(rd_kafka_t *rk, rd_kafka_t *hw, const char *topic, int32 partitio
 							  "(another producer's transaction is open)");
 			return -1;
 		}
-		if (*value != NULL || start == low)
+		if (*value != NULL || start == low || high - start >= MARKER_READ_MAX_BACK)
 			break;
 		end = start;
 		width *= 4;

@@ -629,11 +629,11 @@ step_commit(Relay *r)
 		case OUTBOX_TXN_OK:
 			return RELAY_STEP_RECORD;
 		case OUTBOX_TXN_RETRY:
-			/* within outbox.delivery_timeout, like a round; then abort */
+			/* within outbox.delivery_timeout, like a round; then in doubt */
 			if (GetCurrentTimestamp() < r->round_give_up)
 				return (relay_wait(r, 10, WAIT_ACKS(r)) & RELAY_WAKE_STOP) ?
 					RELAY_STEP_STOP : RELAY_STEP_COMMIT;
-			OutboxRelayTxnAbort(r, pg);
+			OutboxRelayTxnInDoubt(r);
 			break;
 		case OUTBOX_TXN_ABORT:
 			OutboxRelayTxnAbort(r, pg);

@@ -282,18 +282,15 @@ OutboxRelayWatchRound(Relay *r, int pending)
 		OutboxProducerPurge(r->producer);
 		r->round_give_up = PG_INT64_MAX;
 	}
-	else if (r->round_give_up != PG_INT64_MAX && RELAY_TRANSACTIONAL(r) &&
-			 OutboxProducerTxnFailed(r->producer))
+	else if (r->txn_open && RELAY_TRANSACTIONAL(r) && OutboxProducerTxnFailed(r->producer))
 	{
 		/*
-		 * exactly_once: a failed transaction is aborted whole, and librdkafka
-		 * may hold what it has not acknowledged until then (a partition
-		 * drained for an epoch bump), so waiting for their reports would
-		 * wait for the timeout.  The purge ends the round; the abort and
-		 * the page sent again follow (relay_txn.c).
+		 * exactly_once: librdkafka failed the transaction, and may hold what
+		 * it has not acknowledged until the abort (a partition drained for
+		 * an epoch bump): abort now, which serves every report of the round
+		 * (relay_txn.c); the page goes again after it settles.
 		 */
-		OutboxProducerPurge(r->producer);
-		r->round_give_up = PG_INT64_MAX;
+		OutboxRelayTxnAbortNow(r);
 	}
 	else if (TimestampDifferenceExceeds(r->last_stall_report, now, RELAY_STALL_REPORT_MS) &&
 			 TimestampDifferenceExceeds(r->round_started, now, RELAY_STALL_REPORT_MS))

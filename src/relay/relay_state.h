@@ -303,6 +303,8 @@ extern bool OutboxRelayMarkerFits(Relay *r, const RelayMarker *m);
 	((r)->producer != NULL && OutboxProducerTransactionalId((r)->producer) != NULL)
 
 extern const char *OutboxRelayTxnIdWanted(Relay *r);
+extern void OutboxRelayTxnInDoubt(Relay *r);
+extern void OutboxRelayTxnAbortNow(Relay *r);
 extern bool OutboxRelayTxnStart(Relay *r);
 extern void OutboxRelayTxnFence(Relay *r, const char *err);
 extern bool OutboxRelayTxnBegin(Relay *r);

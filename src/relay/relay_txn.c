@@ -168,10 +168,15 @@ sliced(Relay *r, OutboxTxnResult (*call) (OutboxProducer *, int, char *, size_t)
 
 	for (;;)
 	{
+		TimestampTz called = GetCurrentTimestamp();
+
 		result = call(r->producer, TXN_SLICE_MS, err, len);
 		if (result != OUTBOX_TXN_RETRY || ShutdownRequestPending ||
 			TimestampDifferenceExceeds(started, GetCurrentTimestamp(), TXN_CALL_MAX_MS))
 			return result;
+		/* a retriable refusal that did not wait (another call pending) */
+		if (!TimestampDifferenceExceeds(called, GetCurrentTimestamp(), TXN_SLICE_MS / 2))
+			pg_usleep(TXN_SLICE_MS * 1000L);
 		CHECK_FOR_INTERRUPTS();
 	}
 }
@@ -430,6 +435,9 @@ OutboxRelayTxnBegin(Relay *r)
 	if (r->txn_open)
 		return true;
 	result = OutboxProducerBeginTxn(r->producer, err, sizeof(err));
+	/* refused as retriable, another call is pending: a new producer ends it */
+	if (result == OUTBOX_TXN_RETRY || result == OUTBOX_TXN_ABORT)
+		result = OUTBOX_TXN_FATAL;
 	if (result != OUTBOX_TXN_OK)
 		return txn_failed(r, result, "could not begin a Kafka transaction", err);
 	r->txn_open = true;
@@ -475,6 +483,31 @@ OutboxRelayTxnPrerecord(Relay *r, RelayPage *pg)
 }
 
 /*
+ * OutboxRelayTxnAbortNow
+ *		librdkafka failed the open transaction while its round waits: abort
+ *		it now.  librdkafka may hold messages back until the abort (a
+ *		partition drained for an epoch bump); its abort withdraws what is
+ *		queued, waits for what is in flight, and serves their reports, so
+ *		the round settles, as failed, and OutboxRelayTxnAbort then only
+ *		makes the page pending again.
+ */
+void
+OutboxRelayTxnAbortNow(Relay *r)
+{
+	char		err[256];
+	OutboxTxnResult result;
+
+	if (!r->txn_open)
+		return;
+	result = sliced(r, OutboxProducerAbortTxn, err, sizeof(err));
+	if (result == OUTBOX_TXN_RETRY || result == OUTBOX_TXN_ABORT)
+		result = OUTBOX_TXN_FATAL;
+	if (result != OUTBOX_TXN_OK)
+		(void) txn_failed(r, result, "could not abort a Kafka transaction", err);
+	r->txn_open = false;
+}
+
+/*
  * OutboxRelayTxnAbort
  *		A round of pg failed: abort its transaction (Kafka drops what it
  *		delivered), make those events pending again, and write the new dead
@@ -483,16 +516,8 @@ OutboxRelayTxnPrerecord(Relay *r, RelayPage *pg)
 void
 OutboxRelayTxnAbort(Relay *r, RelayPage *pg)
 {
-	char		err[256];
-	OutboxTxnResult result;
-
-	if (r->txn_open)
-	{
-		result = sliced(r, OutboxProducerAbortTxn, err, sizeof(err));
-		if (result != OUTBOX_TXN_OK)
-			(void) txn_failed(r, result, "could not abort a Kafka transaction", err);
-	}
-	r->txn_open = false;
+	/* an abort that does not end has the producer rebuilt, which ends it */
+	OutboxRelayTxnAbortNow(r);
 	r->txn_committing = false;
 	r->marker_sent = false;
 	OutboxRelayTxnRevert(r, pg);
@@ -538,6 +563,22 @@ OutboxRelayTxnSendMarker(Relay *r, RelayPage *pg)
 	OutboxProducerSendMarker(r->producer, outbox_progress_topic, r->txn_id,
 							 OutboxRelayMarkerValue(r, pg, r->kafka_txn + 1), &r->marker);
 	r->marker_sent = true;
+}
+
+/*
+ * OutboxRelayTxnInDoubt
+ *		The commit did not end within outbox.delivery_timeout: its outcome
+ *		is unknown, and librdkafka takes no other call while it is pending.
+ *		The producer is rebuilt with the commit still marked as under way:
+ *		the new producer's init_transactions has the coordinator finish or
+ *		abort it, and the progress record read back says which (reconcile):
+ *		the page is recorded, or sent again.
+ */
+void
+OutboxRelayTxnInDoubt(Relay *r)
+{
+	(void) txn_failed(r, OUTBOX_TXN_FATAL, "a Kafka commit did not end in time",
+					  "outbox.delivery_timeout passed; the progress record will say whether it committed");
 }
 
 /*
