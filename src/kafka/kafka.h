@@ -43,6 +43,8 @@ typedef struct OutboxEvent
 	int64		seq;
 	int32		schema_version;
 	char	   *occurred_at;
+	int64		timestamp_ms;	/* the record's CreateTime: occurred_at in ms
+								 * since 1970; 0 (before it): the send time */
 	char	   *tenant;			/* NULL when unset */
 	char	   *traceparent;	/* NULL when unset */
 	int			nheaders;
@@ -162,9 +164,13 @@ extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);
 extern bool OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len);
+
+/* kafka_topic.c: what the relay says of librdkafka and its delivery errors */
 extern const char *OutboxKafkaKnownCrash(void);
 extern const char *OutboxDeliveryErrorName(int err);
 extern const char *OutboxDeliveryErrorText(int err, bool local);
+
+/* message.c */
 extern const char *OutboxErrorClassName(OutboxErrorClass c);
 
 /* kafka_txn.c: Kafka transactions and the progress record (exactly_once) */

@@ -4,7 +4,8 @@
  *		The topics a producer met: their handles, partition counts, and the
  *		partition of each event, computed by the relay itself with the
  *		configured partitioner so that it knows an event's partition before
- *		sending it (a held partition's events are not sent: relay_hold.c).
+ *		sending it (a held partition's events are not sent: relay_hold.c);
+ *		and what the relay says of a delivery error.
  *
  * Invariants:
  *	- An event's partition is what librdkafka would choose for its key:
@@ -33,6 +34,7 @@
 
 #include "utils/timestamp.h"
 
+#include "base/compat.h"
 #include "kafka/kafka_client.h"
 #include "kafka/kafka.h"
 
@@ -212,4 +214,58 @@ OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event, int32 part
 		event->partition_count = partitions;
 	}
 	return event->partition;
+}
+
+/*
+ * OutboxKafkaKnownCrash
+ *		The loaded librdkafka's version when it is one known to crash on
+ *		some brokers' topic errors (compat.h, 2.1), else NULL.
+ */
+const char *
+OutboxKafkaKnownCrash(void)
+{
+	return OutboxRdkafkaKnownCrash();
+}
+
+const char *
+OutboxDeliveryErrorName(int err)
+{
+	return rd_kafka_err2name((rd_kafka_resp_err_t) err);
+}
+
+/*
+ * OutboxDeliveryErrorText
+ *		What a quarantine records and logs of err: its name; for a refusal
+ *		by timestamp, why; for a refusal by size, who refused: librdkafka
+ *		itself when producev returned the error (local), else a broker,
+ *		whose answer came in the delivery report.  The fix differs: the producer's message.max.bytes
+ *		or the broker's and topic's limits.  Returns a static buffer.
+ */
+const char *
+OutboxDeliveryErrorText(int err, bool local)
+{
+	static char text[200];
+	const char *name = rd_kafka_err2name((rd_kafka_resp_err_t) err);
+
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+			if (local)
+				snprintf(text, sizeof(text),
+						 "%s: refused by the client: message larger than message.max.bytes",
+						 name);
+			else
+				snprintf(text, sizeof(text),
+						 "%s: refused by the broker: message larger than its message.max.bytes "
+						 "or the topic's max.message.bytes", name);
+			return text;
+		case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+			snprintf(text, sizeof(text),
+					 "%s: refused by the broker: the record timestamp (occurred_at) is further from "
+					 "its clock than its message.timestamp.before.max.ms or after.max.ms", name);
+			return text;
+		default:
+			return name;
+	}
 }

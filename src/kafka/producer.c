@@ -215,6 +215,7 @@ delivery_error_class(int err)
 		case RD_KAFKA_RESP_ERR_INVALID_MSG:
 		case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
 		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+		case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
 			return OUTBOX_ERROR_PERMANENT;
 
 			/* the producer cannot go on; rebuild it */
@@ -679,6 +680,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 												 RD_KAFKA_PARTITION_UA),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
 							RD_KAFKA_V_VALUE(event->payload, event->payload_len),
+							RD_KAFKA_V_TIMESTAMP(event->timestamp_ms),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 							RD_KAFKA_V_HEADERS(hdrs),
 							RD_KAFKA_V_OPAQUE(event),
@@ -748,51 +750,3 @@ OutboxProducerIsFatal(OutboxProducer *producer, char *buf, size_t len)
 	return rd_kafka_fatal_error(producer->rk, buf, len) != RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
-/*
- * OutboxKafkaKnownCrash
- *		The loaded librdkafka's version when it is one known to crash on
- *		some brokers' topic errors (compat.h, 2.1), else NULL.
- */
-const char *
-OutboxKafkaKnownCrash(void)
-{
-	return OutboxRdkafkaKnownCrash();
-}
-
-const char *
-OutboxDeliveryErrorName(int err)
-{
-	return rd_kafka_err2name((rd_kafka_resp_err_t) err);
-}
-
-/*
- * OutboxDeliveryErrorText
- *		What a quarantine records and logs of err: its name and, for a
- *		refusal by size, who refused: librdkafka itself when producev
- *		returned the error (local), else a broker, whose answer came in the
- *		delivery report.  The fix differs: the producer's message.max.bytes
- *		or the broker's and topic's limits.  Returns a static buffer.
- */
-const char *
-OutboxDeliveryErrorText(int err, bool local)
-{
-	static char text[200];
-	const char *name = rd_kafka_err2name((rd_kafka_resp_err_t) err);
-
-	switch ((rd_kafka_resp_err_t) err)
-	{
-		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-			if (local)
-				snprintf(text, sizeof(text),
-						 "%s: refused by the client: message larger than message.max.bytes",
-						 name);
-			else
-				snprintf(text, sizeof(text),
-						 "%s: refused by the broker: message larger than its message.max.bytes "
-						 "or the topic's max.message.bytes", name);
-			return text;
-		default:
-			return name;
-	}
-}

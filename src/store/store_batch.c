@@ -448,6 +448,23 @@ format_timestamp(TimestampTz ts)
 }
 
 /*
+ * record_timestamp
+ *		occurred_at as the record's timestamp (CreateTime, ms since 1970).
+ *		Kafka has none before 1970-01-01 00:00:00.001 UTC: 0 there, which
+ *		librdkafka replaces with the time it sends the message.
+ */
+static int64
+record_timestamp(TimestampTz ts)
+{
+	int64		us;
+
+	if (TIMESTAMP_NOT_FINITE(ts))
+		return 0;
+	us = ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+	return us < 1000 ? 0 : us / 1000;
+}
+
+/*
  * decode_event
  *		Copy one row of EVENT_COLUMNS (and a replay's queue position) into
  *		*ev.  The caller has switched to the page's memory context, where
@@ -486,6 +503,7 @@ decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 	ev->tenant = isnull[11] ? NULL : TextDatumGetCString(v[11]);
 	ev->traceparent = isnull[12] ? NULL : TextDatumGetCString(v[12]);
 	ev->occurred_at = format_timestamp(DatumGetTimestampTz(v[13]));
+	ev->timestamp_ms = record_timestamp(DatumGetTimestampTz(v[13]));
 	ev->created_at = DatumGetTimestampTz(v[14]);
 	if (desc->natts > EVENT_NCOLUMNS)
 		ev->queue_position = DatumGetInt64(v[EVENT_NCOLUMNS]);

@@ -91,9 +91,9 @@ sub mock_topic_errors_crash
 	return ($n >= 208 && $n < 210) ? $v : '';
 }
 
-# "%p %o %K %S|<key>|<payload>|<headers>\n": the lengths make key and payload
+# "%p %o %T %K %S|<key>|<payload>|<headers>\n": the lengths make key and payload
 # safe to contain any byte; headers run to the end of the line
-my $KCAT_FORMAT = '%p %o %K %S|%k|%s|%h\n';
+my $KCAT_FORMAT = '%p %o %T %K %S|%k|%s|%h\n';
 
 =pod
 
@@ -143,9 +143,10 @@ max_worker_processes = 16
 
 Every message of topic, from the beginning, read with kcat
 (isolation.level read_committed, or isolation => 'read_uncommitted').  Returns an
-array reference of hashes { partition, offset, key, value, headers (name
-=> value, the last of each name), header_list ([name, value] pairs in
-order) } sorted by partition and offset, or undef when kcat fails.
+array reference of hashes { partition, offset, timestamp (the record's,
+ms since 1970), key, value, headers (name => value, the last of each
+name), header_list ([name, value] pairs in order) } sorted by partition and
+offset, or undef when kcat fails.
 kcat prints headers bare, as name=value,name=value: a value must not
 contain a newline, nor a comma followed by something=.
 
@@ -182,13 +183,13 @@ sub parse_kcat
 
 	while ($pos < length($out))
 	{
-		my ($part, $offset, $klen, $vlen) =
-		  substr($out, $pos, 200) =~ /^(\d+) (\d+) (-?\d+) (-?\d+)\|/
+		my ($part, $offset, $ts, $klen, $vlen) =
+		  substr($out, $pos, 200) =~ /^(\d+) (\d+) (-?\d+) (-?\d+) (-?\d+)\|/
 		  or croak "unexpected kcat output at byte $pos: "
 		  . substr($out, $pos, 80);
-		my %m = (partition => $part + 0, offset => $offset + 0);
+		my %m = (partition => $part + 0, offset => $offset + 0, timestamp => $ts + 0);
 
-		$pos += length("$part $offset $klen $vlen|");
+		$pos += length("$part $offset $ts $klen $vlen|");
 		$m{key} = $klen < 0 ? undef : substr($out, $pos, $klen);
 		$pos += ($klen < 0 ? 0 : $klen);
 		substr($out, $pos++, 1) eq '|' or croak "kcat key not followed by |";
