@@ -88,6 +88,16 @@ static const struct config_enum_entry delivery_options[] = {
 	{NULL, 0, false}
 };
 
+/* outbox.message_format */
+static const struct config_enum_entry message_format_options[] = {
+	{"native", OUTBOX_FORMAT_NATIVE, false},
+	{"cloudevents_binary", OUTBOX_FORMAT_CE_BINARY, false},
+	{"cloudevents_structured", OUTBOX_FORMAT_CE_STRUCTURED, false},
+	{NULL, 0, false}
+};
+
+int			outbox_message_format;
+char	   *outbox_cloudevents_source;
 int			outbox_delivery;
 int			outbox_transaction_events;
 char	   *outbox_progress_topic;
@@ -215,6 +225,21 @@ check_transactional_id_suffix(char **newval, void **extra, GucSource source)
 		(strlen(v) <= 64 && strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == strlen(v)))
 		return true;
 	GUC_check_errdetail("The suffix has at most 64 characters from [A-Za-z0-9._-].");
+	return false;
+}
+
+/* a CloudEvents source: empty (the default), or a URI reference's characters */
+static bool
+check_cloudevents_source(char **newval, void **extra, GucSource source)
+{
+	const char *v = *newval ? *newval : "";
+	const char *p;
+
+	for (p = v; *p > ' ' && *p < 0x7f; p++)
+		;
+	if (*p == '\0' && p - v <= 1024)
+		return true;
+	GUC_check_errdetail("The source is a URI reference: at most 1024 printable ASCII characters, no spaces.");
 	return false;
 }
 
@@ -488,6 +513,23 @@ define_delivery_settings(void)
 							   "outbox.progress",
 							   PGC_SIGHUP, 0,
 							   check_progress_topic, NULL, NULL);
+
+	DefineCustomEnumVariable("outbox.message_format",
+							 "The shape of each Kafka message: outbox's own headers, or CloudEvents 1.0 in Kafka's protocol binding.",
+							 "native sends the payload and outbox's headers; cloudevents_binary adds the ce_ attribute headers; "
+							 "cloudevents_structured sends a CloudEvents JSON envelope holding the payload as data.",
+							 &outbox_message_format,
+							 OUTBOX_FORMAT_NATIVE, message_format_options,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.cloudevents_source",
+							   "The CloudEvents source attribute of every event, in the cloudevents formats.",
+							   "Empty: urn:uuid:<outbox.origin>, the database's own UUID, which dumps, upgrades and copies keep.",
+							   &outbox_cloudevents_source,
+							   "",
+							   PGC_SIGHUP, 0,
+							   check_cloudevents_source, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.transactional_id_suffix",
 							   "Appended to the relay's Kafka transactional.id, for copies of one cluster that must not fence each other.",

@@ -106,6 +106,14 @@ typedef enum OutboxDelivery
 	OUTBOX_DELIVERY_EXACTLY_ONCE
 } OutboxDelivery;
 
+/* outbox.message_format: the shape of each message (kafka/message_ce.c) */
+typedef enum OutboxMessageFormat
+{
+	OUTBOX_FORMAT_NATIVE,
+	OUTBOX_FORMAT_CE_BINARY,
+	OUTBOX_FORMAT_CE_STRUCTURED
+} OutboxMessageFormat;
+
 /* Where a delivery or producer error belongs (design section 5) */
 typedef enum OutboxErrorClass
 {
@@ -147,6 +155,8 @@ extern int	outbox_delivery;
 extern int	outbox_transaction_events;
 extern char *outbox_progress_topic;
 extern char *outbox_transactional_id_suffix;
+extern int	outbox_message_format;
+extern char *outbox_cloudevents_source;
 
 /*
  * outbox.synchronized_standby_slots as the relay reads it: the slot names,

@@ -200,16 +200,21 @@ void
 OutboxEmitCheckSize(const OutboxEvent *event)
 {
 	size_t		headers_size;
-	size_t		total = OutboxEventWireSize(event, &headers_size);
+	size_t		value_size;
+	size_t		total = OutboxEventWireSize(event, &headers_size, &value_size);
 
 	if (total > (size_t) outbox_kafka_message_max_bytes)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("event is %zu bytes as a Kafka message, more than the producer's limit of %d bytes",
 						total, outbox_kafka_message_max_bytes),
+				 value_size == (size_t) event->payload_len ?
 				 errdetail("Payload %d bytes, key %zu bytes, headers %zu bytes (the relay's and the caller's), record overhead %zu bytes.",
 						   event->payload_len, strlen(event->key), headers_size,
-						   total - headers_size - strlen(event->key) - (size_t) event->payload_len),
+						   total - headers_size - strlen(event->key) - value_size) :
+				 errdetail("Value %zu bytes (the payload's %d in a CloudEvents envelope), key %zu bytes, headers %zu bytes (the relay's, the format's and the caller's), record overhead %zu bytes.",
+						   value_size, event->payload_len, strlen(event->key), headers_size,
+						   total - headers_size - strlen(event->key) - value_size),
 				 errhint("The limit is librdkafka's message.max.bytes, set in outbox.kafka_config.")));
 }
 

@@ -93,10 +93,33 @@ typedef struct OutboxEvent
 #define OUTBOX_EVENT_HELD			4	/* its partition is held: recorded in
 										 * outbox.held, not sent */
 
+/*
+ * An event's message under outbox.message_format (message_ce.c): its value,
+ * and the headers the format adds after the relay's own
+ */
+#define OUTBOX_SHAPE_MAX_HEADERS 12
+typedef struct OutboxMessageShape
+{
+	const char *value;
+	size_t		value_len;
+	int			nextra;
+	const char *extra_names[OUTBOX_SHAPE_MAX_HEADERS];
+	const char *extra_values[OUTBOX_SHAPE_MAX_HEADERS];
+	const char *source;			/* the CloudEvents source */
+	char		source_buf[64];
+	char		seq[32];
+	char	   *envelope;		/* structured mode's value (palloc'd) */
+} OutboxMessageShape;
+
+extern void OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape,
+							 bool with_data);
+extern void OutboxEventShapeFree(OutboxMessageShape *shape);
+
 /* message.c */
 extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
 									char num[2][32]);
-extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size);
+extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size,
+								  size_t *value_size);
 extern const char *OutboxOrigin(void);
 extern void OutboxSetOrigin(const char *value);
 

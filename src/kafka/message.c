@@ -10,8 +10,9 @@
  *	  and for emit(), which refuses caller headers of these names.
  *	- A caller header's name is an RFC 9110 token (ASCII letters, digits
  *	  and !#$%&'*+-.^_`|~) of 1 to OUTBOX_HEADER_NAME_MAX_LEN characters,
- *	  and none of the relay's names in any ASCII letter case
- *	  (OutboxCheckHeaderName, the one check every caller header passes).
+ *	  and none of the relay's names in any ASCII letter case, nor
+ *	  CloudEvents' (ce_..., content-type: message_ce.c) (OutboxCheckHeaderName,
+ *	  the one check every caller header passes).
  *	  Being ASCII, no such name folds to a relay header's name under
  *	  Unicode case rules either (U+017F, U+0131 and U+212A, which fold to
  *	  s, i and k, are not in it).
@@ -142,15 +143,17 @@ OutboxSetOrigin(const char *value)
 /*
  * OutboxEventWireSize
  *		The size librdkafka compares with message.max.bytes when the relay
- *		produces event (OutboxProducerSend): overhead, key, value, and every
- *		header, the relay's and the caller's.  *headers_size gets the
- *		headers' share.
+ *		produces event (OutboxProducerSend) under the current
+ *		outbox.message_format: overhead, key, value, and every header, the
+ *		relay's, the format's and the caller's.  *headers_size and
+ *		*value_size get the headers' and the value's shares.
  */
 size_t
-OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
+OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size, size_t *value_size)
 {
 	const char *values[OUTBOX_NUM_HEADERS];
 	char		num[2][32];
+	OutboxMessageShape shape;
 	size_t		hdrs = 0;
 	int			i;
 
@@ -158,11 +161,15 @@ OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size)
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
 			hdrs += header_wire_size(OutboxHeaderNames[i], values[i]);
+	OutboxEventShape(event, &shape, false);
+	for (i = 0; i < shape.nextra; i++)
+		hdrs += header_wire_size(shape.extra_names[i], shape.extra_values[i]);
+	*value_size = shape.value_len;
+	OutboxEventShapeFree(&shape);
 	for (i = 0; i < event->nheaders; i++)
 		hdrs += header_wire_size(event->header_names[i], event->header_values[i]);
 	*headers_size = hdrs;
-	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) +
-		(size_t) event->payload_len + hdrs;
+	return LIBRDKAFKA_RECORD_OVERHEAD + strlen(event->key) + *value_size + hdrs;
 }
 
 /* the punctuation of an RFC 9110 token, besides ASCII letters and digits */
@@ -262,6 +269,13 @@ OutboxCheckHeaderName(const char *name)
 							   "aggregate_id, seq, schema_version, occurred_at, "
 							   "traceparent and tenant itself; their names are "
 							   "reserved in any letter case.")));
+	/* CloudEvents' (message_ce.c), whatever outbox.message_format is now */
+	if (pg_strncasecmp(name, "ce_", 3) == 0 || pg_strcasecmp(name, "content-type") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("header \"%s\" is reserved", name),
+				 errdetail("Names that begin with ce_, and content-type, are CloudEvents' "
+						   "(outbox.message_format), reserved in any letter case.")));
 }
 
 /*

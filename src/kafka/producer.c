@@ -659,16 +659,20 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	rd_kafka_resp_err_t err;
 	const char *values[OUTBOX_NUM_HEADERS];
 	char		num[2][32];
+	OutboxMessageShape shape;
 	int			i;
 
 	if (event->partition == OUTBOX_PARTITION_UNSET)
 		(void) OutboxProducerPartition(producer, event, 0);
 
 	OutboxEventHeaderValues(event, values, num);
-	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + event->nheaders);
+	OutboxEventShape(event, &shape, true);
+	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + shape.nextra + event->nheaders);
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
 			rd_kafka_header_add(hdrs, OutboxHeaderNames[i], -1, values[i], -1);
+	for (i = 0; i < shape.nextra; i++)
+		rd_kafka_header_add(hdrs, shape.extra_names[i], -1, shape.extra_values[i], -1);
 	for (i = 0; i < event->nheaders; i++)
 		rd_kafka_header_add(hdrs, event->header_names[i], -1,
 							event->header_values[i], -1);
@@ -679,12 +683,13 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 							RD_KAFKA_V_PARTITION(event->partition >= 0 ? event->partition :
 												 RD_KAFKA_PARTITION_UA),
 							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
-							RD_KAFKA_V_VALUE(event->payload, event->payload_len),
+							RD_KAFKA_V_VALUE((void *) shape.value, shape.value_len),
 							RD_KAFKA_V_TIMESTAMP(event->timestamp_ms),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 							RD_KAFKA_V_HEADERS(hdrs),
 							RD_KAFKA_V_OPAQUE(event),
 							RD_KAFKA_V_END);
+	OutboxEventShapeFree(&shape);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		/* on failure the headers stay ours */

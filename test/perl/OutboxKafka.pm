@@ -190,7 +190,10 @@ isolation => 'read_committed': then aborted transactions' messages are
 left out), in partition and offset order: hashes { partition,
 offset, key, value, headers (name => last value), header_list,
 java_partition }, the shape of OutboxTest::read_topic plus
-java_partition.  undef when the read fails or the topic is missing.
+java_partition.  With cloudevents => 1, each also has cloudevent: the
+message as the CloudEvents SDK's Kafka deserializer decodes it
+(test/kafka/src/OutboxKafkaTool.java says its fields).  undef when the
+read fails or the topic is missing.
 
 =cut
 
@@ -198,7 +201,7 @@ sub read_java
 {
 	my ($self, $topic, %opt) = @_;
 	my ($ok, $out, $err) =
-	  run_apache('client', 'read', $self->{bootstrap}, $topic,
+	  run_apache('client', $opt{cloudevents} ? 'cloudevents' : 'read', $self->{bootstrap}, $topic,
 		'isolation.level=' . ($opt{isolation} // 'read_uncommitted'));
 	if (!$ok)
 	{

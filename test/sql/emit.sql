@@ -141,6 +141,13 @@ SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => 
   FROM unnest(ARRAY['id', 'event_type', 'aggregate_type', 'aggregate_id', 'seq',
                     'schema_version', 'occurred_at', 'traceparent', 'tenant',
                     'ID', 'Event_Type', 'TENANT']) AS h;
+-- CloudEvents' names are reserved too, whatever outbox.message_format is
+SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
+                       jsonb_build_object(h, 'forged')))
+  FROM unnest(ARRAY['ce_id', 'CE_Type', 'ce_', 'content-type', 'Content-Type']) AS h;
+-- and names that only begin like them are not
+SELECT outbox.emit('order', '1', 'x', '{}',
+                   headers => '{"ce": "1", "cex_id": "2", "content-typed": "3"}') IS NOT NULL AS accepted;
 SELECT t.err($$SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"": "v"}')$$);
 SELECT outbox.emit('order', '1', 'x', '{}', headers => '{"idempotency_id": "a", "x-seq": "b"}') IS NOT NULL AS similar_names_ok;
 -- names are RFC 9110 tokens of 1 to 255 characters: no look-alike of a

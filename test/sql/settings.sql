@@ -200,3 +200,15 @@ ALTER SYSTEM SET outbox.transactional_id_suffix = 'dc-2';
 ALTER SYSTEM RESET outbox.delivery;
 ALTER SYSTEM RESET outbox.progress_topic;
 ALTER SYSTEM RESET outbox.transactional_id_suffix;
+
+-- the message format and the CloudEvents source are judged when set
+ALTER SYSTEM SET outbox.message_format = 'cloudevents';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.cloudevents_source = 'has a space';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.cloudevents_source = E'line\nbreak';
+SELECT t.err($$SET outbox.message_format = 'cloudevents_binary'$$);
+ALTER SYSTEM SET outbox.message_format = 'cloudevents_structured';
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://shop.example/orders';
+ALTER SYSTEM RESET outbox.message_format;
+ALTER SYSTEM RESET outbox.cloudevents_source;

@@ -8,6 +8,11 @@
  *                                  up to its end offsets at the start, one
  *                                  JSON line each (see below); exit 3 when
  *                                  the topic does not exist
+ *   cloudevents BOOTSTRAP TOPIC [k=v...]
+ *                                  the same, each line with "cloudevent": the
+ *                                  message as the CloudEvents SDK's Kafka
+ *                                  deserializer decodes it (binary or
+ *                                  structured mode, by its content-type)
  *   leaders BOOTSTRAP TOPIC        one line per partition: partition leader isr
  *   partition N KEY...             the partition Java's default partitioner
  *                                  picks for each key among N partitions
@@ -17,6 +22,9 @@
  * toPositive(murmur2(key bytes)) % partitions of the topic: the partition
  * the Java producer's default partitioner would have chosen for that key.
  * Keys, values and header values are decoded as UTF-8; null stays null.
+ * A "cloudevent" is {"specversion","id","source","type","subject",
+ * "datacontenttype","time_us" (microseconds since 1970),"extensions":{...},
+ * "data" (UTF-8 text)}, or {"error": why the SDK refused the message}.
  * This program shares no code with the relay: it is how tests check it.
  */
 
@@ -36,6 +44,9 @@ import org.apache.kafka.common.*;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.serialization.*;
 import org.apache.kafka.common.utils.Utils;
+
+import io.cloudevents.CloudEvent;
+import io.cloudevents.kafka.CloudEventDeserializer;
 
 public class OutboxKafkaTool
 {
@@ -139,8 +150,61 @@ public class OutboxKafkaTool
 		return 1;
 	}
 
+	/* the record as the CloudEvents SDK reads it (see the header) */
+	static void cloudEvent(StringBuilder out, CloudEventDeserializer d, ConsumerRecord<byte[], byte[]> r)
+	{
+		CloudEvent e;
+
+		out.append(",\"cloudevent\":{");
+		try
+		{
+			e = d.deserialize(r.topic(), r.headers(), r.value());
+		}
+		catch (RuntimeException x)
+		{
+			out.append("\"error\":");
+			json(out, x.toString());
+			out.append('}');
+			return;
+		}
+		String[][] attrs = {
+			{"specversion", e.getSpecVersion().toString()}, {"id", e.getId()},
+			{"source", e.getSource() == null ? null : e.getSource().toString()},
+			{"type", e.getType()}, {"subject", e.getSubject()},
+			{"datacontenttype", e.getDataContentType()}};
+		for (String[] a : attrs)
+		{
+			json(out, a[0]);
+			out.append(':');
+			json(out, a[1]);
+			out.append(',');
+		}
+		out.append("\"time_us\":").append(e.getTime() == null ? "null" :
+			Long.toString(e.getTime().toEpochSecond() * 1000000L + e.getTime().getNano() / 1000));
+		out.append(",\"extensions\":{");
+		boolean first = true;
+		for (String name : new TreeSet<>(e.getExtensionNames()))
+		{
+			if (!first)
+				out.append(',');
+			first = false;
+			json(out, name);
+			out.append(':');
+			json(out, String.valueOf(e.getExtension(name)));
+		}
+		out.append("},\"data\":");
+		json(out, e.getData() == null ? null : str(e.getData().toBytes()));
+		out.append('}');
+	}
+
 	static int read(String boot, String topic, String[] args) throws Exception
 	{
+		return read(boot, topic, args, false);
+	}
+
+	static int read(String boot, String topic, String[] args, boolean ce) throws Exception
+	{
+		CloudEventDeserializer ced = new CloudEventDeserializer();
 		Properties p = props(boot, args, 3);
 		p.putIfAbsent("enable.auto.commit", "false");
 		p.putIfAbsent("max.partition.fetch.bytes", "10485760");
@@ -204,6 +268,8 @@ public class OutboxKafkaTool
 					}
 					out.append("],\"java_partition\":");
 					out.append(r.key() == null ? "null" : Integer.toString(javaPartition(r.key(), nparts)));
+					if (ce)
+						cloudEvent(out, ced, r);
 					out.append('}');
 					System.out.println(out);
 				}
@@ -248,6 +314,9 @@ public class OutboxKafkaTool
 			case "read":
 				rc = read(args[1], args[2], args);
 				break;
+			case "cloudevents":
+				rc = read(args[1], args[2], args, true);
+				break;
 			case "leaders":
 				rc = leaders(args[1], args[2]);
 				break;
@@ -258,7 +327,7 @@ public class OutboxKafkaTool
 				rc = 0;
 				break;
 			default:
-				System.err.println("usage: OutboxKafkaTool ready|read|leaders|partition ...");
+				System.err.println("usage: OutboxKafkaTool ready|read|cloudevents|leaders|partition ...");
 				rc = 2;
 		}
 		System.out.flush();

@@ -1,0 +1,150 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka/message_ce.c
+ *		The shape of an event's message under outbox.message_format: its
+ *		value and the headers the format adds to the relay's own.  native
+ *		adds none; cloudevents_binary and cloudevents_structured are
+ *		CloudEvents 1.0.2 in Kafka's protocol binding (binary: ce_ attribute
+ *		headers beside the payload; structured: a JSON envelope holding the
+ *		payload as data).
+ *
+ * Invariants:
+ *	- One place builds the shape (OutboxEventShape), for the relay
+ *	  (producer.c) and for emit()'s size check (OutboxEventWireSize), so
+ *	  that what emit() accepts under the current format is what the relay
+ *	  sends.
+ *	- The relay's own headers stay in every format: subscribers dedupe by
+ *	  id and origin whatever the format.  The key stays the message key.
+ *	- The attributes: id the event id, source outbox.cloudevents_source or
+ *	  urn:uuid:<origin>, type the event type, time occurred_at, subject the
+ *	  aggregate id, sequence the aggregate's seq (sequencetype Integer)
+ *	  when there is one, traceparent when set, partitionkey the key,
+ *	  datacontenttype application/json.  Every value is text the relay
+ *	  read from the database; the envelope escapes each as a JSON string,
+ *	  and its data is the payload's JSON text as PostgreSQL printed it.
+ *	- Caller headers cannot forge them: emit() reserves the ce_ prefix and
+ *	  content-type in any letter case (message.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "lib/stringinfo.h"
+#include "utils/json.h"
+
+#include "base/base.h"
+#include "kafka/kafka.h"
+
+#define CE_SPECVERSION		"1.0"
+#define CE_DATA_TYPE		"application/json"
+#define CE_STRUCTURED_TYPE	"application/cloudevents+json; charset=UTF-8"
+
+/* the source when outbox.cloudevents_source is empty: the database's UUID */
+static const char *
+ce_source(char *buf, size_t len)
+{
+	if (outbox_cloudevents_source != NULL && outbox_cloudevents_source[0] != '\0')
+		return outbox_cloudevents_source;
+	snprintf(buf, len, "urn:uuid:%s", OutboxOrigin());
+	return buf;
+}
+
+static void
+add_header(OutboxMessageShape *shape, const char *name, const char *value)
+{
+	Assert(shape->nextra < OUTBOX_SHAPE_MAX_HEADERS);
+	shape->extra_names[shape->nextra] = name;
+	shape->extra_values[shape->nextra] = value;
+	shape->nextra++;
+}
+
+/* one "name": "value" member of the envelope, after the first */
+static void
+member(StringInfo out, const char *name, const char *value)
+{
+	appendStringInfo(out, ",\"%s\":", name);
+	escape_json(out, value);
+}
+
+/*
+ * envelope
+ *		The structured mode's value: the attributes, then data, the payload's
+ *		text (or, for emit()'s size check, nothing: its length is added).
+ */
+static void
+envelope(StringInfo out, const OutboxMessageShape *shape, const OutboxEvent *ev,
+		 bool with_data)
+{
+	appendStringInfoString(out, "{\"specversion\":\"" CE_SPECVERSION "\"");
+	member(out, "id", ev->event_id);
+	member(out, "source", shape->source);
+	member(out, "type", ev->event_type);
+	member(out, "time", ev->occurred_at);
+	member(out, "subject", ev->aggregate_id);
+	if (ev->has_seq)
+		appendStringInfo(out, ",\"sequence\":\"%s\",\"sequencetype\":\"Integer\"",
+						 shape->seq);
+	if (ev->traceparent != NULL)
+		member(out, "traceparent", ev->traceparent);
+	member(out, "partitionkey", ev->key);
+	appendStringInfoString(out, ",\"datacontenttype\":\"" CE_DATA_TYPE "\",\"data\":");
+	if (with_data)
+		appendBinaryStringInfo(out, ev->payload, ev->payload_len);
+	appendStringInfoChar(out, '}');
+}
+
+/*
+ * OutboxEventShape
+ *		The value and the added headers of ev's message under the current
+ *		outbox.message_format.  with_data false (emit()'s size check, where
+ *		the payload may not be text yet) leaves the payload out of a
+ *		structured envelope and counts it in value_len.  Free with
+ *		OutboxEventShapeFree.
+ */
+void
+OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_data)
+{
+	memset(shape, 0, sizeof(*shape));
+	shape->value = ev->payload;
+	shape->value_len = (size_t) ev->payload_len;
+	if (outbox_message_format == OUTBOX_FORMAT_NATIVE)
+		return;
+	shape->source = ce_source(shape->source_buf, sizeof(shape->source_buf));
+	if (ev->has_seq)
+		snprintf(shape->seq, sizeof(shape->seq), INT64_FORMAT, ev->seq);
+	if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED)
+	{
+		StringInfoData out;
+
+		initStringInfo(&out);
+		envelope(&out, shape, ev, with_data);
+		shape->envelope = out.data;
+		shape->value = out.data;
+		shape->value_len = (size_t) out.len + (with_data ? 0 : (size_t) ev->payload_len);
+		add_header(shape, "content-type", CE_STRUCTURED_TYPE);
+		return;
+	}
+	add_header(shape, "ce_specversion", CE_SPECVERSION);
+	add_header(shape, "ce_id", ev->event_id);
+	add_header(shape, "ce_source", shape->source);
+	add_header(shape, "ce_type", ev->event_type);
+	add_header(shape, "ce_time", ev->occurred_at);
+	add_header(shape, "ce_subject", ev->aggregate_id);
+	if (ev->has_seq)
+	{
+		add_header(shape, "ce_sequence", shape->seq);
+		add_header(shape, "ce_sequencetype", "Integer");
+	}
+	if (ev->traceparent != NULL)
+		add_header(shape, "ce_traceparent", ev->traceparent);
+	add_header(shape, "ce_partitionkey", ev->key);
+	add_header(shape, "content-type", CE_DATA_TYPE);
+}
+
+void
+OutboxEventShapeFree(OutboxMessageShape *shape)
+{
+	if (shape->envelope != NULL)
+		pfree(shape->envelope);
+	shape->envelope = NULL;
+}
