@@ -60,7 +60,7 @@ $kafka->wait_for_events('outbox.event.shop', [ @binary, @structured ], 30);
 # the events as the database has them
 my %db = map {
 	my ($id, $us, $payload) = split /\|/, $_, 3;
-	($id => { time_us => $us, payload => decode_json(Encode::encode_utf8($payload)) })
+	($id => { time_us => $us, payload => decode_json($payload) })
 } split /\n/, $node->safe_psql('postgres', q{
 SELECT event_id || '|' || (extract(epoch FROM occurred_at) * 1000000)::bigint || '|' || payload::text
   FROM outbox.events WHERE aggregate_type = 'shop'});
