@@ -228,18 +228,31 @@ check_transactional_id_suffix(char **newval, void **extra, GucSource source)
 	return false;
 }
 
-/* a CloudEvents source: empty (the default), or a URI reference's characters */
+/*
+ * a CloudEvents source: empty (the default), or a URI reference (RFC 3986)
+ * of at most 1024 characters: unreserved and delimiter characters, and
+ * percent-encoded bytes (no brackets: Java's URI takes them in a host only)
+ */
 static bool
 check_cloudevents_source(char **newval, void **extra, GucSource source)
 {
 	const char *v = *newval ? *newval : "";
 	const char *p;
 
-	for (p = v; *p > ' ' && *p < 0x7f; p++)
-		;
+	for (p = v; *p != '\0'; p++)
+	{
+		if (*p == '%' && isxdigit((unsigned char) p[1]) && isxdigit((unsigned char) p[2]))
+			p += 2;
+		else if (!isalnum((unsigned char) *p) || (*p & 0x80))
+		{
+			if (*p == '\0' || strchr("-._~:/?#@!$&'()*+,;=", *p) == NULL)
+				break;
+		}
+	}
 	if (*p == '\0' && p - v <= 1024)
 		return true;
-	GUC_check_errdetail("The source is a URI reference: at most 1024 printable ASCII characters, no spaces.");
+	GUC_check_errdetail("The source is a URI reference (RFC 3986) of at most 1024 characters: letters, digits, "
+						"-._~:/?#@!$&'()*+,;= and %%HH escapes.");
 	return false;
 }
 

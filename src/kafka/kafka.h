@@ -126,6 +126,7 @@ extern void OutboxSetOrigin(const char *value);
 /* the origin header's value: a UUID's text (message.c) */
 #define OUTBOX_ORIGIN_MAX 36
 extern void OutboxCheckHeaderName(const char *name);
+extern bool OutboxHeaderIsCloudEvents(const char *name);
 
 /*
  * One event on its way into outbox.events (emit.c): the arguments as

@@ -262,8 +262,8 @@ OutboxDeliveryErrorText(int err, bool local)
 			return text;
 		case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
 			snprintf(text, sizeof(text),
-					 "%s: refused by the broker: the record timestamp (occurred_at) is further from "
-					 "its clock than its message.timestamp.before.max.ms or after.max.ms", name);
+					 "%s: refused by the broker: the record timestamp is further from its clock "
+					 "than its message.timestamp.before.max.ms or after.max.ms, even the send time", name);
 			return text;
 		default:
 			return name;

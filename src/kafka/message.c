@@ -270,12 +270,25 @@ OutboxCheckHeaderName(const char *name)
 							   "traceparent and tenant itself; their names are "
 							   "reserved in any letter case.")));
 	/* CloudEvents' (message_ce.c), whatever outbox.message_format is now */
-	if (pg_strncasecmp(name, "ce_", 3) == 0 || pg_strcasecmp(name, "content-type") == 0)
+	if (OutboxHeaderIsCloudEvents(name))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("header \"%s\" is reserved", name),
-				 errdetail("Names that begin with ce_, and content-type, are CloudEvents' "
+				 errdetail("Names that begin with ce_ or ce-, and content-type, are CloudEvents' "
 						   "(outbox.message_format), reserved in any letter case.")));
+}
+
+/*
+ * OutboxHeaderIsCloudEvents
+ *		Whether a header of this name reads as a CloudEvents attribute or
+ *		content type to some reader: ce_ (Kafka's binding), ce- (HTTP's,
+ *		which Spring folds Kafka's into), content-type, in any letter case.
+ */
+bool
+OutboxHeaderIsCloudEvents(const char *name)
+{
+	return pg_strncasecmp(name, "ce_", 3) == 0 || pg_strncasecmp(name, "ce-", 3) == 0 ||
+		pg_strcasecmp(name, "content-type") == 0;
 }
 
 /*

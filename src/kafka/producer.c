@@ -256,6 +256,16 @@ record_outcome(OutboxEvent *event, int err, bool local)
 	event->last_err = err;
 	event->last_err_local = local;
 	event->last_class = delivery_error_class(err);
+	/*
+	 * A broker's bound on record timestamps refused occurred_at (or its
+	 * batch's, before librdkafka 2.4 told them apart): sent again with the
+	 * send time, a permanent refusal only if that is refused too.
+	 */
+	if (err == RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP && event->timestamp_ms != 0)
+	{
+		event->timestamp_ms = 0;
+		event->last_class = OUTBOX_ERROR_TRANSIENT;
+	}
 	if (event->first_failed_at == 0)
 		event->first_failed_at = now;
 	event->last_failed_at = now;
@@ -674,8 +684,13 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	for (i = 0; i < shape.nextra; i++)
 		rd_kafka_header_add(hdrs, shape.extra_names[i], -1, shape.extra_values[i], -1);
 	for (i = 0; i < event->nheaders; i++)
+	{
+		/* a row emit() did not write may carry one: it would forge them */
+		if (shape.nextra > 0 && OutboxHeaderIsCloudEvents(event->header_names[i]))
+			continue;
 		rd_kafka_header_add(hdrs, event->header_names[i], -1,
 							event->header_values[i], -1);
+	}
 
 	event->delivery_err = OUTBOX_DELIVERY_PENDING;
 	err = rd_kafka_producev(producer->rk,

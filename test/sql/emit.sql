@@ -144,7 +144,7 @@ SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => 
 -- CloudEvents' names are reserved too, whatever outbox.message_format is
 SELECT h, t.err(format($$SELECT outbox.emit('order', '1', 'x', '{}', headers => %L)$$,
                        jsonb_build_object(h, 'forged')))
-  FROM unnest(ARRAY['ce_id', 'CE_Type', 'ce_', 'content-type', 'Content-Type']) AS h;
+  FROM unnest(ARRAY['ce_id', 'CE_Type', 'ce_', 'ce-source', 'Ce-Id', 'content-type', 'Content-Type']) AS h;
 -- and names that only begin like them are not
 SELECT outbox.emit('order', '1', 'x', '{}',
                    headers => '{"ce": "1", "cex_id": "2", "content-typed": "3"}') IS NOT NULL AS accepted;

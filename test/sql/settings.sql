@@ -207,8 +207,10 @@ ALTER SYSTEM SET outbox.message_format = 'cloudevents';
 ALTER SYSTEM SET outbox.cloudevents_source = 'has a space';
 \echo :LAST_ERROR_SQLSTATE
 ALTER SYSTEM SET outbox.cloudevents_source = E'line\nbreak';
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://shop.example/orders?x="1"';
+ALTER SYSTEM SET outbox.cloudevents_source = 'urn:x:%zz';
 SELECT t.err($$SET outbox.message_format = 'cloudevents_binary'$$);
 ALTER SYSTEM SET outbox.message_format = 'cloudevents_structured';
-ALTER SYSTEM SET outbox.cloudevents_source = 'https://shop.example/orders';
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://shop.example/orders?x=%221%22&y=(a,b)';
 ALTER SYSTEM RESET outbox.message_format;
 ALTER SYSTEM RESET outbox.cloudevents_source;

@@ -4,8 +4,9 @@
 # in a drained backlog as well as one by one; an occurred_at before 1970,
 # which Kafka cannot carry, gets the time the relay sent it.  Read back by
 # kcat, whose %T is the record timestamp.  A broker that refuses a record's
-# timestamp (INVALID_TIMESTAMP: its message.timestamp.*.max.ms) refuses it
-# for good: the event is quarantined, saying why.
+# timestamp (INVALID_TIMESTAMP: its message.timestamp.*.max.ms) gets it
+# again with the send time; refused with that too, the event is
+# quarantined, saying why.
 
 use strict;
 use warnings;
@@ -86,19 +87,31 @@ foreach my $id (@old)
 		'and its occurred_at header still says when it happened');
 }
 
-# a broker that refuses the timestamp, on both attempts
-$kafka->command('errors produce 2 INVALID_TIMESTAMP');
+# a broker that refuses occurred_at as the timestamp: sent with the send time
+$kafka->command('errors produce 1 INVALID_TIMESTAMP');
+my $before_resend = time();
+my $resent = $node->safe_psql('postgres',
+	"SELECT outbox.emit('clock', 'resent', 'clock.ticked', '{}', occurred_at => '2001-01-01+00')");
+my ($r) = grep { ($_->{headers}{id} // '') eq $resent }
+  @{ wait_for_events($kafka, $topic, [$resent], 30) // [] };
+my $resent_ts = defined $r ? $r->{timestamp} / 1000 : -1;
+ok($resent_ts >= int($before_resend) && $resent_ts <= time() + 1,
+	"an occurred_at the broker refuses as a timestamp is sent again with the send time ($resent_ts)");
+is($r->{headers}{occurred_at} // '', '2001-01-01T00:00:00.000000Z', 'its header still says when it happened');
+
+# refused with the send time too (and on the attempt after): quarantined
+$kafka->command('errors produce 3 INVALID_TIMESTAMP');
 my $refused = $node->safe_psql('postgres',
 	"SELECT outbox.emit('clock', 'refused', 'clock.ticked', '{}', occurred_at => '2001-01-01+00')");
 ok( poll_until(
 		$node, 'postgres',
 		"SELECT state FROM outbox.dead_letters WHERE event_id = '$refused'",
 		'quarantined', 30),
-	'an event whose timestamp the broker refuses is quarantined, not retried without end');
+	'an event whose every timestamp the broker refuses is quarantined, not retried without end');
 like(
 	$node->safe_psql('postgres',
 		"SELECT last_error FROM outbox.dead_letters WHERE event_id = '$refused'"),
-	qr/^INVALID_TIMESTAMP: refused by the broker: the record timestamp \(occurred_at\)/,
+	qr/^INVALID_TIMESTAMP: refused by the broker: the record timestamp is further from its clock/,
 	'and its dead letter says why');
 
 $node->stop;

@@ -75,7 +75,7 @@ foreach my $id (@bin)
 # --- structured, with a source set, and hostile strings
 $node->append_conf('postgresql.conf', qq{
 outbox.message_format = cloudevents_structured
-outbox.cloudevents_source = 'https://shop.example/orders?x="1"'
+outbox.cloudevents_source = 'https://shop.example/orders?x=%221%22&y=(a,b)'
 });
 $node->reload;
 sleep 1;
@@ -97,7 +97,7 @@ foreach my $id (@str)
 	my %want = (
 		specversion => '1.0',
 		id => $id,
-		source => 'https://shop.example/orders?x="1"',
+		source => 'https://shop.example/orders?x=%221%22&y=(a,b)',
 		type => decode_utf8($h->{event_type} // ''),
 		time => $h->{occurred_at},
 		subject => decode_utf8($h->{aggregate_id} // ''),
