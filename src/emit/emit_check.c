@@ -209,8 +209,9 @@ OutboxEmitCheckSize(const OutboxEvent *event)
 				 errmsg("event is %zu bytes as a Kafka message, more than the producer's limit of %d bytes",
 						total, outbox_kafka_message_max_bytes),
 				 value_size == (size_t) event->payload_len ?
-				 errdetail("Payload %d bytes, key %zu bytes, headers %zu bytes (the relay's and the caller's), record overhead %zu bytes.",
+				 errdetail("Payload %d bytes, key %zu bytes, headers %zu bytes (the relay's%s and the caller's), record overhead %zu bytes.",
 						   event->payload_len, strlen(event->key), headers_size,
+						   outbox_message_format == OUTBOX_FORMAT_NATIVE ? "" : ", CloudEvents'",
 						   total - headers_size - strlen(event->key) - value_size) :
 				 errdetail("Value %zu bytes (the payload's %d in a CloudEvents envelope), key %zu bytes, headers %zu bytes (the relay's, the format's and the caller's), record overhead %zu bytes.",
 						   value_size, event->payload_len, strlen(event->key), headers_size,
