@@ -30,7 +30,7 @@ SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # pg_regress (test/sql, test/expected): emit() without preload, against a
 # throwaway instance
-REGRESS = setup emit capture privileges settings replay sequence inbox subscription drop
+REGRESS = setup emit emit_shapes capture privileges settings replay sequence inbox subscription drop
 REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims

@@ -525,3 +525,60 @@ INSERT INTO outbox.origin DEFAULT VALUES;
 ALTER TABLE outbox.inbox_offsets ADD COLUMN stopped_at timestamptz;
 COMMENT ON COLUMN outbox.inbox_offsets.stopped_at IS
 	'When a worker stopped this partition because its log does not hold next_offset; NULL while it runs; outbox.subscription_seek() clears it';
+
+/*
+ * Binary payloads and tombstones: an event's value is JSON (payload), bytes
+ * (payload_bytes, with their content_type) or nothing (a tombstone).
+ */
+ALTER TABLE outbox.events ALTER COLUMN payload DROP NOT NULL;
+ALTER TABLE outbox.events ADD COLUMN payload_bytes bytea;
+ALTER TABLE outbox.events ADD COLUMN content_type text;
+COMMENT ON COLUMN outbox.events.payload IS 'the value as JSON (emit()); NULL for emit_binary() and emit_tombstone()';
+COMMENT ON COLUMN outbox.events.payload_bytes IS 'the value as bytes, schema-registry frame included (emit_binary()); NULL otherwise';
+COMMENT ON COLUMN outbox.events.content_type IS 'emit_binary()''s content type, sent as the content-type header';
+
+/*
+ * emit_binary(): an event whose value is bytes the application serialized
+ * (Avro, Protobuf, anything), sent unchanged; with schema_id, behind the
+ * schema registries' wire-format frame.  emit_tombstone(): the key with a
+ * null value, for log-compacted topics.  Both take emit()'s options, run
+ * as emit() does, and number their events in the aggregate's sequence.
+ */
+CREATE FUNCTION outbox.emit_binary(
+	aggregate_type	text,
+	aggregate_id	text,
+	event_type		text,
+	payload			bytea,
+	headers			jsonb DEFAULT NULL,
+	topic			text DEFAULT NULL,
+	key				text DEFAULT NULL,
+	event_id		uuid DEFAULT NULL,
+	schema_version	integer DEFAULT 1,
+	occurred_at		timestamptz DEFAULT NULL,
+	content_type	text DEFAULT NULL,
+	schema_id		integer DEFAULT NULL,
+	message_indexes	integer[] DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit_binary'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.emit_binary(text, text, text, bytea, jsonb, text, text, uuid, integer, timestamptz, text, integer, integer[]) IS
+	'Records an event whose value is the given bytes (framed for a schema registry with schema_id); published after commit';
+
+CREATE FUNCTION outbox.emit_tombstone(
+	aggregate_type	text,
+	aggregate_id	text,
+	event_type		text,
+	headers			jsonb DEFAULT NULL,
+	topic			text DEFAULT NULL,
+	key				text DEFAULT NULL,
+	event_id		uuid DEFAULT NULL,
+	schema_version	integer DEFAULT 1,
+	occurred_at		timestamptz DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit_tombstone'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, uuid, integer, timestamptz) IS
+	'Records a tombstone: the key with a null value, for log-compacted topics; published after commit';
+
+REVOKE ALL ON FUNCTION outbox.emit_binary(text, text, text, bytea, jsonb, text, text, uuid, integer, timestamptz, text, integer, integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, uuid, integer, timestamptz) FROM PUBLIC;

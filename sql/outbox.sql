@@ -80,12 +80,14 @@ CREATE TABLE outbox.events (
 	schema_version	integer NOT NULL DEFAULT 1,
 	topic			text NOT NULL,
 	key				text NOT NULL,
-	payload			jsonb NOT NULL,
+	payload			jsonb,
 	headers			jsonb,
 	tenant			text,
 	traceparent		text,
 	occurred_at		timestamptz NOT NULL,
-	created_at		timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+	created_at		timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+	payload_bytes	bytea,
+	content_type	text
 );
 CREATE INDEX events_txid_idx ON outbox.events (txid);
 
@@ -97,6 +99,9 @@ COMMENT ON COLUMN outbox.events.event_id IS 'stable identity (UUIDv7 unless give
 COMMENT ON COLUMN outbox.events.seq IS 'gapless per-aggregate number in commit order (NULL when outbox.aggregate_sequence is off)';
 COMMENT ON COLUMN outbox.events.topic IS 'Kafka topic, resolved at emit';
 COMMENT ON COLUMN outbox.events.key IS 'Kafka message key (default aggregate_id)';
+COMMENT ON COLUMN outbox.events.payload IS 'the value as JSON (emit()); NULL for emit_binary() and emit_tombstone()';
+COMMENT ON COLUMN outbox.events.payload_bytes IS 'the value as bytes, schema-registry frame included (emit_binary()); NULL otherwise';
+COMMENT ON COLUMN outbox.events.content_type IS 'emit_binary()''s content type, sent as the content-type header';
 
 /*
  * Per-aggregate counters behind seq; the row lock orders emitters.  The
@@ -280,6 +285,49 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) IS
 	'Records an event in the current transaction; the relay publishes it to Kafka after commit';
 
+/*
+ * emit_binary(): an event whose value is bytes the application serialized
+ * (Avro, Protobuf, anything), sent unchanged; with schema_id, behind the
+ * schema registries' wire-format frame.  emit_tombstone(): the key with a
+ * null value, for log-compacted topics.  Both take emit()'s options, run
+ * as emit() does, and number their events in the aggregate's sequence.
+ */
+CREATE FUNCTION outbox.emit_binary(
+	aggregate_type	text,
+	aggregate_id	text,
+	event_type		text,
+	payload			bytea,
+	headers			jsonb DEFAULT NULL,
+	topic			text DEFAULT NULL,
+	key				text DEFAULT NULL,
+	event_id		uuid DEFAULT NULL,
+	schema_version	integer DEFAULT 1,
+	occurred_at		timestamptz DEFAULT NULL,
+	content_type	text DEFAULT NULL,
+	schema_id		integer DEFAULT NULL,
+	message_indexes	integer[] DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit_binary'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.emit_binary(text, text, text, bytea, jsonb, text, text, uuid, integer, timestamptz, text, integer, integer[]) IS
+	'Records an event whose value is the given bytes (framed for a schema registry with schema_id); published after commit';
+
+CREATE FUNCTION outbox.emit_tombstone(
+	aggregate_type	text,
+	aggregate_id	text,
+	event_type		text,
+	headers			jsonb DEFAULT NULL,
+	topic			text DEFAULT NULL,
+	key				text DEFAULT NULL,
+	event_id		uuid DEFAULT NULL,
+	schema_version	integer DEFAULT 1,
+	occurred_at		timestamptz DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit_tombstone'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, uuid, integer, timestamptz) IS
+	'Records a tombstone: the key with a null value, for log-compacted topics; published after commit';
+
 CREATE FUNCTION outbox.uuid_v7()
 RETURNS uuid
 AS 'MODULE_PATHNAME', 'outbox_uuid_v7'
@@ -344,6 +392,8 @@ COMMENT ON FUNCTION outbox.capture() IS
 REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA outbox FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.emit_binary(text, text, text, bytea, jsonb, text, text, uuid, integer, timestamptz, text, integer, integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, uuid, integer, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.capture() FROM PUBLIC;
 
 /*

@@ -301,7 +301,7 @@ define_emit_settings(void)
 							 NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_payload_bytes",
-							"Largest event payload, as JSON text, that emit() accepts.",
+							"Largest event payload, as JSON text or emit_binary()'s bytes, that emit() accepts.",
 							NULL,
 							&outbox_max_payload_bytes,
 							OUTBOX_MAX_PAYLOAD_DEFAULT, 1, INT_MAX,

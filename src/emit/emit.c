@@ -52,6 +52,8 @@
 #include "emit/emit.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_emit_binary);
+PG_FUNCTION_INFO_V1(outbox_emit_tombstone);
 PG_FUNCTION_INFO_V1(outbox_notify_relay);
 
 /* set by emit(), consumed by the transaction callback */
@@ -185,27 +187,29 @@ emit_owner(FunctionCallInfo fcinfo)
 }
 
 /*
- * outbox_emit
- *		SQL outbox.emit(aggregate_type, aggregate_id, event_type, payload,
- *		headers, topic, key, event_id, schema_version, occurred_at).
+ * emit_event
+ *		The body of outbox.emit(), emit_binary() and emit_tombstone(): the
+ *		event whose value is of kind (OUTBOX_PAYLOAD_*), its arguments
+ *		numbered as emit()'s (OutboxEmitArg).  Returns the event id.
  *
- * Returns the event id.  Runs as the function's owner, the extension's,
- * so that callers need EXECUTE on it and nothing on the tables: it switches
- * to the owner itself, as SECURITY DEFINER would (through 1.6 it was), and
- * pins search_path only for the statements it runs (OutboxPinSearchPath):
- * a SET clause's setting and resetting of search_path at every call cost
- * more than the rest of a direct call's bookkeeping, and the direct paths
+ * Runs as the function's owner, the extension's, so that callers need
+ * EXECUTE on it and nothing on the tables: it switches to the owner
+ * itself, as SECURITY DEFINER would (through 1.6 it was), and pins
+ * search_path only for the statements it runs (OutboxPinSearchPath): a SET
+ * clause's setting and resetting of search_path at every call cost more
+ * than the rest of a direct call's bookkeeping, and the direct paths
  * resolve no name.  An error leaves the user to the abort of the
  * (sub)transaction, as fmgr_security_definer() does.  Validate, resolve
  * the topic, insert: in that order, which is the order of the errors a
  * user sees.
  */
-Datum
-outbox_emit(PG_FUNCTION_ARGS)
+static Datum
+emit_event(FunctionCallInfo fcinfo, int kind)
 {
 	OutboxEmitRow row;
 	Oid			save_userid;
 	int			save_sec_context;
+	int			topic_arg;
 
 	PreventCommandIfReadOnly("outbox.emit()");
 	PreventCommandDuringRecovery("outbox.emit()");
@@ -215,9 +219,12 @@ outbox_emit(PG_FUNCTION_ARGS)
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
 
 	memset(&row, 0, sizeof(row));
+	row.event.payload_kind = kind;
+	row.arg_shift = (kind == OUTBOX_PAYLOAD_NONE) ? -1 : 0;
 	OutboxEmitCheckContent(fcinfo, &row);
-	row.topic = OutboxTopicResolve(PG_ARGISNULL(5) ? NULL :
-								   text_to_cstring(PG_GETARG_TEXT_PP(5)),
+	topic_arg = OutboxEmitArg(&row, 5);
+	row.topic = OutboxTopicResolve(PG_ARGISNULL(topic_arg) ? NULL :
+								   text_to_cstring(PG_GETARG_TEXT_PP(topic_arg)),
 								   row.event.aggregate_type,
 								   row.event.event_type);
 	OutboxEmitCheckEnvelope(fcinfo, &row);
@@ -225,6 +232,38 @@ outbox_emit(PG_FUNCTION_ARGS)
 
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	PG_RETURN_UUID_P(row.event_id);
+}
+
+/*
+ * outbox_emit
+ *		SQL outbox.emit(aggregate_type, aggregate_id, event_type, payload,
+ *		headers, topic, key, event_id, schema_version, occurred_at).
+ */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	return emit_event(fcinfo, OUTBOX_PAYLOAD_JSON);
+}
+
+/*
+ * outbox_emit_binary
+ *		SQL outbox.emit_binary(): emit()'s arguments, payload bytea, then
+ *		content_type, schema_id, message_indexes (emit_binary.c).
+ */
+Datum
+outbox_emit_binary(PG_FUNCTION_ARGS)
+{
+	return emit_event(fcinfo, OUTBOX_PAYLOAD_BYTES);
+}
+
+/*
+ * outbox_emit_tombstone
+ *		SQL outbox.emit_tombstone(): emit()'s arguments without payload.
+ */
+Datum
+outbox_emit_tombstone(PG_FUNCTION_ARGS)
+{
+	return emit_event(fcinfo, OUTBOX_PAYLOAD_NONE);
 }
 
 /*

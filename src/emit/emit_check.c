@@ -226,6 +226,18 @@ OutboxEmitCheckSize(const OutboxEvent *event)
  *		freed: the row stores the jsonb value, the wire size takes this
  *		length.
  */
+/* a payload's size on the wire, refused over outbox.max_payload_bytes */
+int
+OutboxEmitCheckPayloadSize(size_t payload_len)
+{
+	if (payload_len > (size_t) outbox_max_payload_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("event payload is %zu bytes, more than outbox.max_payload_bytes (%d bytes)",
+						payload_len, outbox_max_payload_bytes)));
+	return (int) payload_len;
+}
+
 static int
 check_payload(Jsonb *payload)
 {
@@ -236,19 +248,15 @@ check_payload(Jsonb *payload)
 	(void) JsonbToCString(&json, &payload->root, VARSIZE(payload));
 	payload_len = (size_t) json.len;
 	pfree(json.data);
-	if (payload_len > (size_t) outbox_max_payload_bytes)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("event payload is %zu bytes, more than outbox.max_payload_bytes (%d bytes)",
-						payload_len, outbox_max_payload_bytes)));
-	return (int) payload_len;
+	return OutboxEmitCheckPayloadSize(payload_len);
 }
 
 /*
  * OutboxEmitCheckContent
  *		Validate what the event says: aggregate type and id, event type,
- *		payload (arguments 0..3) and caller headers (4).  Fills row with
- *		them, and row->event with what the topic and the size check need.
+ *		payload (arguments 0..3; emit_binary()'s in emit_binary.c, none for
+ *		emit_tombstone()) and caller headers (4).  Fills row with them, and
+ *		row->event with what the topic and the size check need.
  */
 void
 OutboxEmitCheckContent(FunctionCallInfo fcinfo, OutboxEmitRow *row)
@@ -256,17 +264,22 @@ OutboxEmitCheckContent(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 	row->aggregate_type = required_text(fcinfo, 0, "aggregate_type");
 	row->aggregate_id = required_text(fcinfo, 1, "aggregate_id");
 	row->event_type = required_text(fcinfo, 2, "event_type");
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("payload must not be null"),
-				 errhint("Use the JSON value 'null'::jsonb for an event without a payload.")));
-	row->payload = PG_GETARG_JSONB_P(3);
-	row->event.payload_len = check_payload(row->payload);
-
-	if (!PG_ARGISNULL(4))
+	if (row->event.payload_kind == OUTBOX_PAYLOAD_JSON)
 	{
-		row->headers = PG_GETARG_JSONB_P(4);
+		if (PG_ARGISNULL(3))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("payload must not be null"),
+					 errhint("Use outbox.emit_tombstone() for a message with a null value, or the JSON value 'null'::jsonb for an event whose payload is JSON null.")));
+		row->payload = PG_GETARG_JSONB_P(3);
+		row->event.payload_len = check_payload(row->payload);
+	}
+	else if (row->event.payload_kind == OUTBOX_PAYLOAD_BYTES)
+		OutboxEmitCheckBinary(fcinfo, row);
+
+	if (!PG_ARGISNULL(OutboxEmitArg(row, 4)))
+	{
+		row->headers = PG_GETARG_JSONB_P(OutboxEmitArg(row, 4));
 		check_headers(row->headers, &row->event);
 	}
 	row->event.aggregate_type = text_to_cstring(row->aggregate_type);
@@ -284,30 +297,31 @@ void
 OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 {
 	/* an empty key would be partitioned at random by consistent_random */
-	row->key = PG_ARGISNULL(6) ? row->aggregate_id : PG_GETARG_TEXT_PP(6);
+	row->key = PG_ARGISNULL(OutboxEmitArg(row, 6)) ? row->aggregate_id :
+		PG_GETARG_TEXT_PP(OutboxEmitArg(row, 6));
 	if (VARSIZE_ANY_EXHDR(row->key) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("key must not be empty"),
 				 errhint("Pass NULL to use the aggregate id as the key.")));
 
-	row->occurred_at = PG_ARGISNULL(9) ? GetCurrentTransactionStartTimestamp() :
-		PG_GETARG_TIMESTAMPTZ(9);
+	row->occurred_at = PG_ARGISNULL(OutboxEmitArg(row, 9)) ? GetCurrentTransactionStartTimestamp() :
+		PG_GETARG_TIMESTAMPTZ(OutboxEmitArg(row, 9));
 	row->event.occurred_at = format_occurred_at(row->occurred_at);
 
-	if (PG_ARGISNULL(8))
+	if (PG_ARGISNULL(OutboxEmitArg(row, 8)))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("schema_version must not be null")));
-	row->event.schema_version = PG_GETARG_INT32(8);
+	row->event.schema_version = PG_GETARG_INT32(OutboxEmitArg(row, 8));
 	if (row->event.schema_version < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("schema_version must be at least 1, not %d",
 						row->event.schema_version)));
 
-	if (!PG_ARGISNULL(7))
-		row->event_id = PG_GETARG_UUID_P(7);
+	if (!PG_ARGISNULL(OutboxEmitArg(row, 7)))
+		row->event_id = PG_GETARG_UUID_P(OutboxEmitArg(row, 7));
 	else
 	{
 		row->event_id = palloc(sizeof(pg_uuid_t));

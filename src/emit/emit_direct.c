@@ -11,7 +11,7 @@
  *	  while outbox.events is the table emit() knows; one a superuser has
  *	  changed (a trigger, constraint, column, type or default) gets the
  *	  INSERT (direct_table).
- *	- The statement's parameters ($1..$13) are numbered here only: the
+ *	- The statement's parameters ($1..$15) are numbered here only: the
  *	  INSERT's text, the direct insert's columns (event_columns) and the
  *	  row's values (row_values) agree on them in this file.
  *	- The INSERT runs with search_path pinned (OutboxPinSearchPath); the
@@ -33,6 +33,7 @@
 #include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
@@ -44,20 +45,31 @@
 #include "emit/emit.h"
 
 /*
- * The event insert's parameters: $1..$12 are the event's, $13 its seq
- * (NULL with the sequence off); the direct insert takes the same array.
+ * The event insert's parameters: $1..$12 and $14..$15 are the event's, $13
+ * its seq (NULL with the sequence off); the direct insert takes the same
+ * array.
  */
-#define EMIT_NARGS 13
-#define EMIT_PARAM_SEQ (EMIT_NARGS - 1)
+#define EMIT_NARGS 15
+#define EMIT_PARAM_SEQ 12
 
-/* the event row when the direct insert cannot take it (direct_table) */
-static const char *const event_insert_sql =
+/*
+ * The event row when the direct insert cannot take it (direct_table); [1]
+ * for a table before 1.8, without payload_bytes and content_type, where
+ * only emit() exists to call this ($14 and $15 stay unused and null).
+ */
+static const char *const event_insert_sql[2] = {
+	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
+	" event_type, schema_version, topic, key, payload, headers, tenant,"
+	" traceparent, occurred_at, payload_bytes, content_type)"
+	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15)",
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
 	" traceparent, occurred_at)"
-	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+	" SELECT $1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12"
+	" WHERE $14::pg_catalog.bytea IS NULL AND $15::pg_catalog.text IS NULL",
+};
 
-static SPIPlanPtr event_insert_plan;
+static SPIPlanPtr event_insert_plan[2];
 
 /* a session setting as a text parameter: null, and NULL, when unset or empty */
 static char *
@@ -74,7 +86,7 @@ setting_param(char *setting, Datum *value, char *null)
 
 /*
  * row_values
- *		The insert's parameters $1..$13 from row; tenant and traceparent,
+ *		The insert's parameters $1..$15 from row; tenant and traceparent,
  *		from the session's settings, go to row->event too.
  */
 static void
@@ -89,6 +101,8 @@ row_values(OutboxEmitRow *row, Datum *values, char *nulls)
 	values[5] = CStringGetTextDatum(row->topic);
 	values[6] = PointerGetDatum(row->key);
 	values[7] = PointerGetDatum(row->payload);
+	if (row->payload == NULL)
+		nulls[7] = 'n';
 	values[8] = PointerGetDatum(row->headers);
 	if (row->headers == NULL)
 		nulls[8] = 'n';
@@ -100,6 +114,12 @@ row_values(OutboxEmitRow *row, Datum *values, char *nulls)
 		values[EMIT_PARAM_SEQ] = Int64GetDatum(row->event.seq);
 	else
 		nulls[EMIT_PARAM_SEQ] = 'n';
+	values[13] = PointerGetDatum(row->payload_bytes);
+	if (row->payload_bytes == NULL)
+		nulls[13] = 'n';
+	values[14] = PointerGetDatum(row->content_type);
+	if (row->content_type == NULL)
+		nulls[14] = 'n';
 }
 
 /*
@@ -132,7 +152,7 @@ typedef enum EventColumn
 	COL_ID, COL_TXID, COL_EVENT_ID, COL_AGGREGATE_TYPE, COL_AGGREGATE_ID,
 	COL_SEQ, COL_EVENT_TYPE, COL_SCHEMA_VERSION, COL_TOPIC, COL_KEY,
 	COL_PAYLOAD, COL_HEADERS, COL_TENANT, COL_TRACEPARENT, COL_OCCURRED_AT,
-	COL_CREATED_AT, EVENT_COLUMN_COUNT
+	COL_CREATED_AT, COL_PAYLOAD_BYTES, COL_CONTENT_TYPE, EVENT_COLUMN_COUNT
 } EventColumn;
 
 typedef struct EventColumnSpec
@@ -155,12 +175,14 @@ static const EventColumnSpec event_columns[EVENT_COLUMN_COUNT] = {
 	[COL_SCHEMA_VERSION] = {"schema_version", INT4OID, 4, false},
 	[COL_TOPIC] = {"topic", TEXTOID, 5, false},
 	[COL_KEY] = {"key", TEXTOID, 6, false},
-	[COL_PAYLOAD] = {"payload", JSONBOID, 7, false},
+	[COL_PAYLOAD] = {"payload", JSONBOID, 7, true},
 	[COL_HEADERS] = {"headers", JSONBOID, 8, true},
 	[COL_TENANT] = {"tenant", TEXTOID, 9, true},
 	[COL_TRACEPARENT] = {"traceparent", TEXTOID, 10, true},
 	[COL_OCCURRED_AT] = {"occurred_at", TIMESTAMPTZOID, 11, false},
 	[COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID, -1, false},
+	[COL_PAYLOAD_BYTES] = {"payload_bytes", BYTEAOID, 13, true},
+	[COL_CONTENT_TYPE] = {"content_type", TEXTOID, 14, true},
 };
 
 /* what direct_table() found outbox.events to be, for its relcache state */
@@ -284,7 +306,7 @@ direct_table(Relation rel, DirectTable *out)
 
 /*
  * insert_direct
- *		Insert the event row of parameters values/nulls (the INSERT's $1..$13)
+ *		Insert the event row of parameters values/nulls (the INSERT's $1..$15)
  *		into rel as the INSERT would; t is rel's direct_table().
  */
 static void
@@ -343,6 +365,7 @@ OutboxEmitInsert(OutboxEmitRow *row)
 	DirectTable t;
 	int			rc;
 	int			level;
+	bool		old_table;
 
 	row_values(row, values, nulls);
 	rel = OutboxEmitOpenTable(OUTBOX_EMIT_EVENTS);
@@ -352,19 +375,21 @@ OutboxEmitInsert(OutboxEmitRow *row)
 		table_close(rel, NoLock);
 		return;
 	}
+	old_table = (get_attnum(RelationGetRelid(rel), "payload_bytes") == InvalidAttrNumber);
 	table_close(rel, NoLock);
 
 	level = OutboxPinSearchPath();
-	if (event_insert_plan == NULL)
+	if (event_insert_plan[old_table] == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
-		TIMESTAMPTZOID, INT8OID};
+		TIMESTAMPTZOID, INT8OID, BYTEAOID, TEXTOID};
 
-		event_insert_plan = OutboxSpiPrepare(event_insert_sql, EMIT_NARGS,
-											 argtypes, "the outbox insert");
+		event_insert_plan[old_table] = OutboxSpiPrepare(event_insert_sql[old_table],
+														EMIT_NARGS, argtypes,
+														"the outbox insert");
 	}
-	rc = SPI_execute_plan(event_insert_plan, values, nulls, false, 0);
+	rc = SPI_execute_plan(event_insert_plan[old_table], values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);

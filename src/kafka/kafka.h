@@ -37,8 +37,11 @@ typedef struct OutboxEvent
 	char	   *event_type;
 	char	   *topic;
 	char	   *key;
-	char	   *payload;
+	char	   *payload;		/* the value: JSON text or bytes; NULL for a
+								 * tombstone */
 	int			payload_len;
+	int			payload_kind;	/* OUTBOX_PAYLOAD_* */
+	char	   *content_type;	/* emit_binary()'s; NULL when none */
 	bool		has_seq;
 	int64		seq;
 	int32		schema_version;
@@ -82,6 +85,11 @@ typedef struct OutboxEvent
 	bool		dead_recorded;	/* exactly_once: its dead letter is written
 								 * already, before the page's transaction */
 } OutboxEvent;
+
+/* what an event's value is (OutboxEvent.payload_kind) */
+#define OUTBOX_PAYLOAD_JSON			0	/* emit(): JSON text */
+#define OUTBOX_PAYLOAD_BYTES		1	/* emit_binary(): bytes, sent unchanged */
+#define OUTBOX_PAYLOAD_NONE			2	/* emit_tombstone(): a null value */
 
 #define OUTBOX_PARTITION_UNSET		(-2)
 #define OUTBOX_PARTITION_UNKNOWN	(-1)
@@ -139,7 +147,11 @@ typedef struct OutboxEmitRow
 	text	   *aggregate_type;
 	text	   *aggregate_id;
 	text	   *event_type;
-	Jsonb	   *payload;
+	Jsonb	   *payload;		/* emit()'s; NULL for the others */
+	bytea	   *payload_bytes;	/* emit_binary()'s, framed; NULL otherwise */
+	text	   *content_type;	/* emit_binary()'s; NULL: none */
+	int			arg_shift;		/* added to argument numbers from 4 on:
+								 * emit_tombstone() has no payload */
 	Jsonb	   *headers;		/* NULL: none */
 	char	   *topic;
 	text	   *key;			/* the aggregate id when none was given */

@@ -19,9 +19,14 @@
  *	  urn:uuid:<origin>, type the event type, time occurred_at, subject the
  *	  aggregate id, sequence the aggregate's seq (sequencetype Integer)
  *	  when there is one, traceparent when set, partitionkey the key,
- *	  datacontenttype application/json.  Every value is text the relay
- *	  read from the database; the envelope escapes each as a JSON string,
- *	  and its data is the payload's JSON text as PostgreSQL printed it.
+ *	  datacontenttype application/json (emit_binary()'s content type, or
+ *	  none, for bytes).  Every value is text the relay read from the
+ *	  database; the envelope escapes each as a JSON string, and its data is
+ *	  the payload's JSON text as PostgreSQL printed it, or data_base64 the
+ *	  bytes'.
+ *	- A tombstone's value stays null in every format: in the CloudEvents
+ *	  formats it has the attribute headers (binary mode), as no envelope
+ *	  can be null.
  *	- Caller headers cannot forge them: emit() reserves the ce_ prefix and
  *	  content-type in any letter case (message.c).
  *
@@ -66,15 +71,42 @@ member(StringInfo out, const char *name, const char *value)
 	escape_json(out, value);
 }
 
+/* bytes of src in base64 (RFC 4648, padded), appended to out */
+static void
+append_base64(StringInfo out, const unsigned char *src, int len)
+{
+	static const char digits[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	int			i;
+
+	for (i = 0; i < len; i += 3)
+	{
+		uint32		w = (uint32) src[i] << 16;
+
+		if (i + 1 < len)
+			w |= (uint32) src[i + 1] << 8;
+		if (i + 2 < len)
+			w |= src[i + 2];
+		appendStringInfoChar(out, digits[(w >> 18) & 63]);
+		appendStringInfoChar(out, digits[(w >> 12) & 63]);
+		appendStringInfoChar(out, i + 1 < len ? digits[(w >> 6) & 63] : '=');
+		appendStringInfoChar(out, i + 2 < len ? digits[w & 63] : '=');
+	}
+}
+
 /*
  * envelope
- *		The structured mode's value: the attributes, then data, the payload's
- *		text (or, for emit()'s size check, nothing: its length is added).
+ *		The structured mode's value: the attributes, then data (JSON) or
+ *		data_base64 (bytes).  Without with_data (emit()'s size check, where
+ *		the payload may not be text yet) the data is left out: the caller
+ *		counts its length.
  */
 static void
 envelope(StringInfo out, const OutboxMessageShape *shape, const OutboxEvent *ev,
 		 bool with_data)
 {
+	bool		bytes = (ev->payload_kind == OUTBOX_PAYLOAD_BYTES);
+
 	appendStringInfoString(out, "{\"specversion\":\"" CE_SPECVERSION "\"");
 	member(out, "id", ev->event_id);
 	member(out, "source", shape->source);
@@ -87,43 +119,31 @@ envelope(StringInfo out, const OutboxMessageShape *shape, const OutboxEvent *ev,
 	if (ev->traceparent != NULL)
 		member(out, "traceparent", ev->traceparent);
 	member(out, "partitionkey", ev->key);
-	appendStringInfoString(out, ",\"datacontenttype\":\"" CE_DATA_TYPE "\",\"data\":");
-	if (with_data)
+	if (!bytes)
+		member(out, "datacontenttype", CE_DATA_TYPE);
+	else if (ev->content_type != NULL)
+		member(out, "datacontenttype", ev->content_type);
+	appendStringInfoString(out, bytes ? ",\"data_base64\":\"" : ",\"data\":");
+	if (with_data && bytes)
+		append_base64(out, (const unsigned char *) ev->payload, ev->payload_len);
+	else if (with_data)
 		appendBinaryStringInfo(out, ev->payload, ev->payload_len);
-	appendStringInfoChar(out, '}');
+	appendStringInfoString(out, bytes ? "\"}" : "}");
 }
 
-/*
- * OutboxEventShape
- *		The value and the added headers of ev's message under the current
- *		outbox.message_format.  with_data false (emit()'s size check, where
- *		the payload may not be text yet) leaves the payload out of a
- *		structured envelope and counts it in value_len.  Free with
- *		OutboxEventShapeFree.
- */
-void
-OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_data)
+/* the size of the payload as the envelope carries it */
+static size_t
+envelope_data_size(const OutboxEvent *ev)
 {
-	memset(shape, 0, sizeof(*shape));
-	shape->value = ev->payload;
-	shape->value_len = (size_t) ev->payload_len;
-	if (outbox_message_format == OUTBOX_FORMAT_NATIVE)
-		return;
-	shape->source = ce_source(shape->source_buf, sizeof(shape->source_buf));
-	if (ev->has_seq)
-		snprintf(shape->seq, sizeof(shape->seq), INT64_FORMAT, ev->seq);
-	if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED)
-	{
-		StringInfoData out;
+	if (ev->payload_kind == OUTBOX_PAYLOAD_BYTES)
+		return 4 * (((size_t) ev->payload_len + 2) / 3);
+	return (size_t) ev->payload_len;
+}
 
-		initStringInfo(&out);
-		envelope(&out, shape, ev, with_data);
-		shape->envelope = out.data;
-		shape->value = out.data;
-		shape->value_len = (size_t) out.len + (with_data ? 0 : (size_t) ev->payload_len);
-		add_header(shape, "content-type", CE_STRUCTURED_TYPE);
-		return;
-	}
+/* binary mode's attribute headers, content-type aside */
+static void
+attribute_headers(OutboxMessageShape *shape, const OutboxEvent *ev)
+{
 	add_header(shape, "ce_specversion", CE_SPECVERSION);
 	add_header(shape, "ce_id", ev->event_id);
 	add_header(shape, "ce_source", shape->source);
@@ -138,7 +158,57 @@ OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_dat
 	if (ev->traceparent != NULL)
 		add_header(shape, "ce_traceparent", ev->traceparent);
 	add_header(shape, "ce_partitionkey", ev->key);
-	add_header(shape, "content-type", CE_DATA_TYPE);
+}
+
+/*
+ * OutboxEventShape
+ *		The value and the added headers of ev's message under the current
+ *		outbox.message_format.  The value is the payload (JSON text or
+ *		emit_binary()'s bytes), or none for a tombstone.  native adds only
+ *		emit_binary()'s content-type.  cloudevents_binary adds the attribute
+ *		headers and content-type (the datacontenttype: application/json, or
+ *		emit_binary()'s when it gave one).  cloudevents_structured sends the
+ *		envelope, bytes as data_base64; a tombstone, whose null value cannot
+ *		be an envelope, goes in binary mode.  with_data false (emit()'s size
+ *		check) leaves the data out of an envelope and counts it in value_len.
+ *		Free with OutboxEventShapeFree.
+ */
+void
+OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_data)
+{
+	const char *content_type = NULL;
+
+	memset(shape, 0, sizeof(*shape));
+	shape->value = ev->payload;
+	shape->value_len = (size_t) ev->payload_len;
+	if (ev->payload_kind == OUTBOX_PAYLOAD_BYTES)
+		content_type = ev->content_type;
+	else if (ev->payload_kind == OUTBOX_PAYLOAD_JSON &&
+			 outbox_message_format != OUTBOX_FORMAT_NATIVE)
+		content_type = CE_DATA_TYPE;
+	if (outbox_message_format != OUTBOX_FORMAT_NATIVE)
+	{
+		shape->source = ce_source(shape->source_buf, sizeof(shape->source_buf));
+		if (ev->has_seq)
+			snprintf(shape->seq, sizeof(shape->seq), INT64_FORMAT, ev->seq);
+	}
+	if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED &&
+		ev->payload_kind != OUTBOX_PAYLOAD_NONE)
+	{
+		StringInfoData out;
+
+		initStringInfo(&out);
+		envelope(&out, shape, ev, with_data);
+		shape->envelope = out.data;
+		shape->value = out.data;
+		shape->value_len = (size_t) out.len + (with_data ? 0 : envelope_data_size(ev));
+		add_header(shape, "content-type", CE_STRUCTURED_TYPE);
+		return;
+	}
+	if (outbox_message_format != OUTBOX_FORMAT_NATIVE)
+		attribute_headers(shape, ev);
+	if (content_type != NULL)
+		add_header(shape, "content-type", content_type);
 }
 
 void

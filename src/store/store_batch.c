@@ -109,7 +109,8 @@ static const char *const query_text[Q_COUNT] = {
 
 #define QUERY_NARGS 5
 
-static SPIPlanPtr plans[Q_COUNT];
+/* [1]: as a database before 1.8 runs them (OutboxStoreEventSql) */
+static SPIPlanPtr plans[2][Q_COUNT];
 
 /*
  * OutboxStoreRun
@@ -161,14 +162,19 @@ OutboxStoreRow(const char *sql, const char *what)
 static SPIPlanPtr
 get_plan(int q)
 {
-	if (plans[q] == NULL)
+	bool		have_bytes = (q == Q_PAGE_FIRST || q == Q_PAGE) ?
+		OutboxStoreEventsHaveBytes() : true;
+	SPIPlanPtr *plan = &plans[have_bytes ? 0 : 1][q];
+
+	if (*plan == NULL)
 	{
 		Oid			types[QUERY_NARGS] = {INT8OID, PG_SNAPSHOTOID, PG_SNAPSHOTOID,
 		INT8OID, INT4OID};
 
-		plans[q] = OutboxSpiPrepare(query_text[q], QUERY_NARGS, types, "relay query");
+		*plan = OutboxSpiPrepare(OutboxStoreEventSql(query_text[q], have_bytes),
+								 QUERY_NARGS, types, "relay query");
 	}
-	return plans[q];
+	return *plan;
 }
 
 static Datum
@@ -385,164 +391,11 @@ OutboxStoreOpenBatch(OutboxBatch *batch, MemoryContext cxt)
 }
 
 /*
- * decode_headers
- *		The caller's headers, a JSON object of strings (emit() checked it),
- *		into ev's name and value arrays: one allocation, names first.
- */
-static void
-decode_headers(OutboxEvent *ev, Jsonb *jb)
-{
-	int			n = JB_ROOT_COUNT(jb);
-	char	  **strings = palloc(sizeof(char *) * 2 * Max(n, 1));
-	JsonbIterator *it = JsonbIteratorInit(&jb->root);
-	JsonbValue	v;
-	JsonbIteratorToken tok;
-	int			keys = 0;
-	int			values = 0;
-
-	ev->header_names = strings;
-	ev->header_values = strings + Max(n, 1);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		if (tok == WJB_KEY && keys < n)
-			ev->header_names[keys++] = pnstrdup(v.val.string.val, v.val.string.len);
-		else if (tok == WJB_VALUE && values < n)
-			ev->header_values[values++] = (v.type == jbvString) ?
-				pnstrdup(v.val.string.val, v.val.string.len) : pstrdup("");
-	}
-	ev->nheaders = values;
-}
-
-/* 8-4-4-4-12 lower-case hex, as uuid_out writes it */
-static char *
-format_uuid(const pg_uuid_t *uuid)
-{
-	static const char hex[] = "0123456789abcdef";
-	char	   *out = palloc(UUID_LEN * 2 + 5);
-	char	   *p = out;
-	int			i;
-
-	for (i = 0; i < UUID_LEN; i++)
-	{
-		if (i == 4 || i == 6 || i == 8 || i == 10)
-			*p++ = '-';
-		*p++ = hex[uuid->data[i] >> 4];
-		*p++ = hex[uuid->data[i] & 0x0F];
-	}
-	*p = '\0';
-	return out;
-}
-
-/* RFC 3339 in UTC with microseconds: 2026-01-02T03:04:05.000000Z */
-static char *
-format_timestamp(TimestampTz ts)
-{
-	struct pg_tm tm;
-	fsec_t		fsec;
-
-	if (TIMESTAMP_NOT_FINITE(ts) || timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) != 0)
-		return pstrdup(TIMESTAMP_IS_NOBEGIN(ts) ? "-infinity" : "infinity");
-	return psprintf("%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
-					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min,
-					tm.tm_sec, (int) fsec);
-}
-
-/*
- * record_timestamp
- *		occurred_at as the record's timestamp (CreateTime, ms since 1970).
- *		Kafka has none before 1970-01-01 00:00:00.001 UTC: 0 there, which
- *		librdkafka replaces with the time it sends the message.
- */
-static int64
-record_timestamp(TimestampTz ts)
-{
-	int64		us;
-
-	if (TIMESTAMP_NOT_FINITE(ts))
-		return 0;
-	us = ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
-	return us < 1000 ? 0 : us / 1000;
-}
-
-/*
- * decode_event
- *		Copy one row of EVENT_COLUMNS (and a replay's queue position) into
- *		*ev.  The caller has switched to the page's memory context, where
- *		everything is allocated.
- */
-static void
-decode_event(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
-{
-	/* a replay row has one more column: its queue position */
-	Datum		v[EVENT_NCOLUMNS + 1];
-	bool		isnull[EVENT_NCOLUMNS + 1];
-	Jsonb	   *payload;
-	StringInfoData json;
-
-	Assert(desc->natts <= EVENT_NCOLUMNS + 1);
-	heap_deform_tuple(tup, desc, v, isnull);
-	ev->id = DatumGetInt64(v[0]);
-	ev->event_id = format_uuid(DatumGetUUIDP(v[1]));
-	ev->aggregate_type = TextDatumGetCString(v[2]);
-	ev->aggregate_id = TextDatumGetCString(v[3]);
-	ev->has_seq = !isnull[4];
-	ev->seq = isnull[4] ? 0 : DatumGetInt64(v[4]);
-	ev->event_type = TextDatumGetCString(v[5]);
-	ev->schema_version = DatumGetInt32(v[6]);
-	ev->topic = TextDatumGetCString(v[7]);
-	ev->key = TextDatumGetCString(v[8]);
-	payload = DatumGetJsonbP(v[9]);
-	initStringInfo(&json);
-	ev->payload = JsonbToCString(&json, &payload->root, VARSIZE(payload));
-	ev->payload_len = json.len;
-	/* a large payload arrives toasted: keep its text, not also its jsonb */
-	if ((Pointer) payload != DatumGetPointer(v[9]))
-		pfree(payload);
-	if (!isnull[10])
-		decode_headers(ev, DatumGetJsonbP(v[10]));
-	ev->tenant = isnull[11] ? NULL : TextDatumGetCString(v[11]);
-	ev->traceparent = isnull[12] ? NULL : TextDatumGetCString(v[12]);
-	ev->occurred_at = format_timestamp(DatumGetTimestampTz(v[13]));
-	ev->timestamp_ms = record_timestamp(DatumGetTimestampTz(v[13]));
-	ev->created_at = DatumGetTimestampTz(v[14]);
-	if (desc->natts > EVENT_NCOLUMNS)
-		ev->queue_position = DatumGetInt64(v[EVENT_NCOLUMNS]);
-	ev->disposition = OUTBOX_EVENT_PENDING;
-	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
-	ev->partition = OUTBOX_PARTITION_UNSET;
-	ev->partition_count = 0;
-}
-
-/*
- * event_bytes
- *		What an event weighs on the wire, as outbox.batch_max_bytes counts
- *		it: payload, key, and every header's name and value.
- */
-static int64
-event_bytes(const OutboxEvent *ev)
-{
-	/* names of the fixed headers, and generous room for seq and version */
-	int64		bytes = 64 + 2 * 20;
-	int			i;
-
-	bytes += ev->payload_len + strlen(ev->key) + strlen(ev->event_id) +
-		strlen(ev->event_type) + strlen(ev->aggregate_type) +
-		strlen(ev->aggregate_id) + strlen(ev->occurred_at);
-	if (ev->tenant != NULL)
-		bytes += strlen(ev->tenant) + 6;
-	if (ev->traceparent != NULL)
-		bytes += strlen(ev->traceparent) + 11;
-	for (i = 0; i < ev->nheaders; i++)
-		bytes += strlen(ev->header_names[i]) + strlen(ev->header_values[i]);
-	return bytes;
-}
-
-/*
  * OutboxStoreFetchEvents
  *		Decode the rows of portal (EVENT_COLUMNS, then for replays the queue
  *		position) into an array allocated in cxt, a
  *		chunk of rows at a time, until limit events or until the next one
- *		would take the page past max_bytes (event_bytes); the first event
+ *		would take the page past max_bytes (OutboxStoreEventBytes); the first event
  *		is always taken, however large.  *cut says the page ended on bytes
  *		while rows remained.  Only a chunk of rows and the page itself are
  *		in memory at once: the decoded page is bounded by max_bytes plus
@@ -583,12 +436,13 @@ OutboxStoreFetchEvents(Portal portal, int limit, int64 max_bytes,
 			OutboxEvent *ev = &evs[n];
 			int64		size;
 
-			decode_event(tup, desc, ev);
-			size = event_bytes(ev);
+			OutboxStoreDecodeEvent(tup, desc, ev);
+			size = OutboxStoreEventBytes(ev);
 			if (n > 0 && bytes + size > max_bytes)
 			{
 				/* the next page starts with it; its small strings stay */
-				pfree(ev->payload);
+				if (ev->payload != NULL)
+					pfree(ev->payload);
 				memset(ev, 0, sizeof(OutboxEvent));
 				*cut = true;
 				break;
@@ -700,8 +554,9 @@ OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types, Datum *values,
 	bool		cut;
 	int			n;
 
-	portal = SPI_cursor_open_with_args(NULL, sql, nargs, types, values, NULL,
-									   read_only, 0);
+	portal = SPI_cursor_open_with_args(NULL,
+									   OutboxStoreEventSql(sql, OutboxStoreEventsHaveBytes()),
+									   nargs, types, values, NULL, read_only, 0);
 	if (portal == NULL)
 		elog(ERROR, "could not read %s: %s", what, SPI_result_code_string(SPI_result));
 	n = OutboxStoreFetchEvents(portal, limit, outbox_batch_max_bytes, events, cxt, &cut);

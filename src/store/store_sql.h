@@ -28,16 +28,25 @@ extern int	OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types,
 								   OutboxEvent **events, MemoryContext cxt,
 								   const char *what);
 
+/* store_event.c */
+extern bool OutboxStoreEventsHaveBytes(void);
+extern const char *OutboxStoreEventSql(const char *sql, bool have_bytes);
+extern void OutboxStoreDecodeEvent(HeapTuple tup, TupleDesc desc, OutboxEvent *ev);
+extern int64 OutboxStoreEventBytes(const OutboxEvent *ev);
+
 /*
- * The columns store_batch.c's decode_event() reads, in its order.  Values come back binary
- * and are formatted in C: the payload's JSON text straight into the page,
- * the event id and occurred_at without output functions.
+ * The columns store_event.c's OutboxStoreDecodeEvent() reads, in its
+ * order.  Values come back binary and are formatted in C: the payload's
+ * JSON text straight into the page, the event id and occurred_at without
+ * output functions.  EVENT_BYTES_COLUMNS, 1.8's, a database before 1.8
+ * selects as NULLs (OutboxStoreEventSql).
  */
+#define EVENT_BYTES_COLUMNS " e.payload_bytes, e.content_type"
 #define EVENT_COLUMNS \
 	"e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.seq," \
 	" e.event_type, e.schema_version, e.topic, e.key, e.payload, e.headers," \
-	" e.tenant, e.traceparent, e.occurred_at, e.created_at"
-#define EVENT_NCOLUMNS 15
+	" e.tenant, e.traceparent, e.occurred_at, e.created_at," EVENT_BYTES_COLUMNS
+#define EVENT_NCOLUMNS 17
 
 
 #endif							/* OUTBOX_STORE_SQL_H */
