@@ -188,20 +188,27 @@ Every message of topic from the beginning to its end offsets, read with
 the Java client (isolation.level read_uncommitted, the Java default, or
 isolation => 'read_committed': then aborted transactions' messages are
 left out), in partition and offset order: hashes { partition,
-offset, key, value, headers (name => last value), header_list,
+offset, key, value, value_hex, headers (name => last value), header_list,
 java_partition }, the shape of OutboxTest::read_topic plus
-java_partition.  With cloudevents => 1, each also has cloudevent: the
-message as the CloudEvents SDK's Kafka deserializer decodes it
-(test/kafka/src/OutboxKafkaTool.java says its fields).  undef when the
-read fails or the topic is missing.
+value_hex and java_partition.  With cloudevents => 1, each also has
+cloudevent: the message as the CloudEvents SDK's Kafka deserializer
+decodes it; with avro_schema => file, frame: the value read as a schema
+registry's wire format, its record decoded by Apache Avro with the schema
+in file (test/kafka/src/OutboxKafkaTool.java says their fields).  undef
+when the read fails or the topic is missing.
 
 =cut
 
 sub read_java
 {
 	my ($self, $topic, %opt) = @_;
+	my @mode =
+	    $opt{cloudevents} ? ('cloudevents')
+	  : $opt{avro_schema} ? ('frames')
+	  :                     ('read');
 	my ($ok, $out, $err) =
-	  run_apache('client', $opt{cloudevents} ? 'cloudevents' : 'read', $self->{bootstrap}, $topic,
+	  run_apache('client', @mode, $self->{bootstrap}, $topic,
+		($opt{avro_schema} ? ($opt{avro_schema}) : ()),
 		'isolation.level=' . ($opt{isolation} // 'read_uncommitted'));
 	if (!$ok)
 	{

@@ -13,18 +13,27 @@
  *                                  message as the CloudEvents SDK's Kafka
  *                                  deserializer decodes it (binary or
  *                                  structured mode, by its content-type)
+ *   frames BOOTSTRAP TOPIC SCHEMA_FILE [k=v...]
+ *                                  the same, each line with "frame": the
+ *                                  value read as a schema registry's wire
+ *                                  format, {"magic","schema_id","avro": the
+ *                                  record Apache Avro decodes from the rest
+ *                                  with the schema in SCHEMA_FILE, as JSON
+ *                                  text}, or {"error": why not}
  *   leaders BOOTSTRAP TOPIC        one line per partition: partition leader isr
  *   partition N KEY...             the partition Java's default partitioner
  *                                  picks for each key among N partitions
  *
- * A read line: {"partition":P,"offset":O,"key":K,"value":V,
- * "headers":[[name,value],...],"java_partition":J} where J is
+ * A read line: {"partition":P,"offset":O,"key":K,"value":V,"value_hex":X,
+ * "headers":[[name,value],...],"java_partition":J} where X is the value's
+ * bytes in hex (null for a null value) and J is
  * toPositive(murmur2(key bytes)) % partitions of the topic: the partition
  * the Java producer's default partitioner would have chosen for that key.
  * Keys, values and header values are decoded as UTF-8; null stays null.
  * A "cloudevent" is {"specversion","id","source","type","subject",
  * "datacontenttype","time_us" (microseconds since 1970),"extensions":{...},
- * "data" (UTF-8 text)}, or {"error": why the SDK refused the message}.
+ * "data" (UTF-8 text), "data_hex"}, or {"error": why the SDK refused the
+ * message}.
  * This program shares no code with the relay: it is how tests check it.
  */
 
@@ -81,6 +90,42 @@ public class OutboxKafkaTool
 			}
 		}
 		sb.append('"');
+	}
+
+	static String hex(byte[] b)
+	{
+		if (b == null)
+			return null;
+		StringBuilder sb = new StringBuilder();
+		for (byte x : b)
+			sb.append(String.format("%02x", x & 0xff));
+		return sb.toString();
+	}
+
+	/* the value as a registry's wire format, its record decoded by Avro */
+	static void frame(StringBuilder out, org.apache.avro.Schema schema, byte[] v)
+	{
+		out.append(",\"frame\":{");
+		try
+		{
+			java.nio.ByteBuffer bb = java.nio.ByteBuffer.wrap(v);
+			byte magic = bb.get();
+			int id = bb.getInt();
+			org.apache.avro.io.BinaryDecoder dec =
+				org.apache.avro.io.DecoderFactory.get().binaryDecoder(v, 5, v.length - 5, null);
+			Object rec = new org.apache.avro.generic.GenericDatumReader<Object>(schema).read(null, dec);
+			if (!dec.isEnd())
+				throw new IllegalStateException("bytes are left after the record");
+			out.append("\"magic\":").append(magic).append(",\"schema_id\":").append(id)
+				.append(",\"avro\":");
+			json(out, rec.toString());
+		}
+		catch (Exception x)
+		{
+			out.append("\"error\":");
+			json(out, x.toString());
+		}
+		out.append('}');
 	}
 
 	static String str(byte[] b)
@@ -194,18 +239,22 @@ public class OutboxKafkaTool
 		}
 		out.append("},\"data\":");
 		json(out, e.getData() == null ? null : str(e.getData().toBytes()));
+		out.append(",\"data_hex\":");
+		json(out, e.getData() == null ? null : hex(e.getData().toBytes()));
 		out.append('}');
 	}
 
 	static int read(String boot, String topic, String[] args) throws Exception
 	{
-		return read(boot, topic, args, false);
+		return read(boot, topic, args, false, null);
 	}
 
-	static int read(String boot, String topic, String[] args, boolean ce) throws Exception
+	/* with ce, each line's "cloudevent"; with schema, its "frame" */
+	static int read(String boot, String topic, String[] args, boolean ce,
+					org.apache.avro.Schema schema) throws Exception
 	{
 		CloudEventDeserializer ced = new CloudEventDeserializer();
-		Properties p = props(boot, args, 3);
+		Properties p = props(boot, args, schema == null ? 3 : 4);
 		p.putIfAbsent("enable.auto.commit", "false");
 		p.putIfAbsent("max.partition.fetch.bytes", "10485760");
 		p.putIfAbsent("default.api.timeout.ms", "20000");
@@ -253,6 +302,8 @@ public class OutboxKafkaTool
 					json(out, str(r.key()));
 					out.append(",\"value\":");
 					json(out, str(r.value()));
+					out.append(",\"value_hex\":");
+					json(out, hex(r.value()));
 					out.append(",\"headers\":[");
 					boolean first = true;
 					for (Header h : r.headers())
@@ -270,6 +321,8 @@ public class OutboxKafkaTool
 					out.append(r.key() == null ? "null" : Integer.toString(javaPartition(r.key(), nparts)));
 					if (ce)
 						cloudEvent(out, ced, r);
+					if (schema != null && r.value() != null)
+						frame(out, schema, r.value());
 					out.append('}');
 					System.out.println(out);
 				}
@@ -315,7 +368,11 @@ public class OutboxKafkaTool
 				rc = read(args[1], args[2], args);
 				break;
 			case "cloudevents":
-				rc = read(args[1], args[2], args, true);
+				rc = read(args[1], args[2], args, true, null);
+				break;
+			case "frames":
+				rc = read(args[1], args[2], args, false,
+						  new org.apache.avro.Schema.Parser().parse(new java.io.File(args[3])));
 				break;
 			case "leaders":
 				rc = leaders(args[1], args[2]);
@@ -327,7 +384,7 @@ public class OutboxKafkaTool
 				rc = 0;
 				break;
 			default:
-				System.err.println("usage: OutboxKafkaTool ready|read|cloudevents|leaders|partition ...");
+				System.err.println("usage: OutboxKafkaTool ready|read|cloudevents|frames|leaders|partition ...");
 				rc = 2;
 		}
 		System.out.flush();
