@@ -54,6 +54,7 @@ my @ids = (
 	one(q{SELECT outbox.emit_binary('doc', 'd1', 'doc.proto', '\x08'::bytea, schema_id => 7,
 		message_indexes => '{1,0,70}')}),
 	one(q{SELECT outbox.emit_tombstone('doc', 'd1', 'doc.deleted')}));
+my @native = @ids;
 my $msgs = wait_for_events($kafka, $topic, \@ids) // [];
 my @m = map { message_of($msgs, $_) } @ids;
 is($m[0]{value}, '{"v": 1}', 'native: emit() is JSON as before');
@@ -135,6 +136,29 @@ $node->reload;
 sleep 1;
 ($ret, $out, $err) = $node->psql('postgres', "SELECT outbox.emit_binary('doc', 'd4', 'doc.big', $big)");
 is($ret, 0, 'the same bytes fit natively') or diag($err);
+
+# --- a subscription hands its handler bytes as value, a tombstone as nulls
+$node->safe_psql('postgres', 'CREATE DATABASE b');
+$node->safe_psql('b', q{
+CREATE EXTENSION outbox;
+CREATE TABLE applied (event_id uuid, event_type text, key text, payload jsonb, value bytea,
+	value_null boolean);
+CREATE FUNCTION apply(m outbox.inbound_message) RETURNS void
+LANGUAGE sql AS $$
+	INSERT INTO public.applied VALUES (m.event_id, m.event_type, m.key, m.payload, m.value,
+		m.value IS NULL)
+$$;
+SELECT outbox.subscribe('docs', ARRAY['outbox.event.doc'], 'public.apply(outbox.inbound_message)');
+});
+my $in = join(',', map { "'$_'" } @native);
+ok(poll_until($node, 'b', "SELECT count(*) FROM applied WHERE event_id IN ($in)", '5', 60),
+	'the subscription applies the native events');
+is($node->safe_psql('b', qq{SELECT string_agg(format('%s:%s:%s', event_type, payload IS NULL, value_null), ' ')
+	FROM (SELECT * FROM applied WHERE event_id IN ($in) ORDER BY event_type) a}),
+	'doc.avro:t:f doc.created:f:f doc.deleted:t:t doc.proto:t:f doc.raw:t:f',
+	'JSON arrives as payload; bytes as value alone; the tombstone as two nulls');
+is($node->safe_psql('b', "SELECT encode(value, 'hex') FROM applied WHERE event_id = '$native[1]'"),
+	$all_hex, 'the handler gets every byte');
 
 # --- nothing was dead-lettered on the way
 is(one('SELECT count(*) FROM outbox.dead_letters'), '0', 'no event was refused on the way');
