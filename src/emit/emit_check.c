@@ -22,6 +22,7 @@
 
 #include "access/xact.h"
 #include "fmgr.h"
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
@@ -79,8 +80,38 @@ OutboxTraceparentIsValid(const char *value)
 }
 
 /*
+ * refuse_control
+ *		Refuse t, argument name, when it holds a control character (C0, DEL,
+ *		or in a UTF-8 database C1): it names the event in headers, in the
+ *		key and in CloudEvents attributes, whose strings must not have any.
+ */
+static void
+refuse_control(text *t, const char *name)
+{
+	const unsigned char *p = (const unsigned char *) VARDATA_ANY(t);
+	int			len = VARSIZE_ANY_EXHDR(t);
+	bool		utf8 = (GetDatabaseEncoding() == PG_UTF8);
+
+	for (int i = 0; i < len; i++)
+	{
+		unsigned int c = p[i];
+
+		if (utf8 && c == 0xC2 && i + 1 < len && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F)
+			c = p[i + 1];
+		else if (c >= 0x20 && c != 0x7F)
+			continue;
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not contain control characters", name),
+				 errdetail("Character U+%04X is at byte %d.", c, i + 1),
+				 errhint("It names the event in Kafka headers and in CloudEvents attributes, which hold no control characters.")));
+	}
+}
+
+/*
  * required_text
- *		Argument argno, which must be neither null nor empty.
+ *		Argument argno, which must be neither null nor empty, nor hold a
+ *		control character.
  */
 static text *
 required_text(FunctionCallInfo fcinfo, int argno, const char *name)
@@ -96,6 +127,7 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *name)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must not be empty", name)));
+	refuse_control(t, name);
 	return t;
 }
 
@@ -304,6 +336,7 @@ OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("key must not be empty"),
 				 errhint("Pass NULL to use the aggregate id as the key.")));
+	refuse_control(row->key, "key");
 
 	row->occurred_at = PG_ARGISNULL(OutboxEmitArg(row, 9)) ? GetCurrentTransactionStartTimestamp() :
 		PG_GETARG_TIMESTAMPTZ(OutboxEmitArg(row, 9));

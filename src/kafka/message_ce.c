@@ -16,8 +16,9 @@
  *	- The relay's own headers stay in every format: subscribers dedupe by
  *	  id and origin whatever the format.  The key stays the message key.
  *	- The attributes: id the event id, source outbox.cloudevents_source or
- *	  urn:uuid:<origin>, type the event type, time occurred_at, subject the
- *	  aggregate id, sequence the aggregate's seq (sequencetype Integer)
+ *	  urn:uuid:<origin>, type the event type, time occurred_at (when it is
+ *	  RFC 3339: a row emit() did not write may be infinite), subject the
+ *	  aggregate id, sequence the aggregate's seq as a wrapping int32 (sequencetype Integer)
  *	  when there is one, traceparent when set, partitionkey the key,
  *	  datacontenttype application/json (emit_binary()'s content type, or
  *	  none, for bytes).  Every value is text the relay read from the
@@ -52,6 +53,28 @@ ce_source(char *buf, size_t len)
 		return outbox_cloudevents_source;
 	snprintf(buf, len, "urn:uuid:%s", OutboxOrigin());
 	return buf;
+}
+
+/*
+ * The sequence attribute of seq: sequencetype Integer is a signed 32-bit
+ * count from 1 that wraps from 2^31 - 1 to -2^31, as seq past 2^31 does.
+ */
+static int32
+ce_sequence(int64 seq)
+{
+	return (int32) (uint32) (uint64) seq;
+}
+
+/*
+ * Whether occurred_at, as the relay formats it, is an RFC 3339 timestamp:
+ * emit() writes only those, but a row written otherwise may be infinite or
+ * outside the years 0 to 9999, and then the event has no time attribute.
+ */
+static bool
+ce_time_ok(const char *occurred_at)
+{
+	return strlen(occurred_at) == 27 && isdigit((unsigned char) occurred_at[0]) &&
+		occurred_at[4] == '-';
 }
 
 static void
@@ -111,7 +134,8 @@ envelope(StringInfo out, const OutboxMessageShape *shape, const OutboxEvent *ev,
 	member(out, "id", ev->event_id);
 	member(out, "source", shape->source);
 	member(out, "type", ev->event_type);
-	member(out, "time", ev->occurred_at);
+	if (ce_time_ok(ev->occurred_at))
+		member(out, "time", ev->occurred_at);
 	member(out, "subject", ev->aggregate_id);
 	if (ev->has_seq)
 		appendStringInfo(out, ",\"sequence\":\"%s\",\"sequencetype\":\"Integer\"",
@@ -148,7 +172,8 @@ attribute_headers(OutboxMessageShape *shape, const OutboxEvent *ev)
 	add_header(shape, "ce_id", ev->event_id);
 	add_header(shape, "ce_source", shape->source);
 	add_header(shape, "ce_type", ev->event_type);
-	add_header(shape, "ce_time", ev->occurred_at);
+	if (ce_time_ok(ev->occurred_at))
+		add_header(shape, "ce_time", ev->occurred_at);
 	add_header(shape, "ce_subject", ev->aggregate_id);
 	if (ev->has_seq)
 	{
@@ -190,7 +215,7 @@ OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_dat
 	{
 		shape->source = ce_source(shape->source_buf, sizeof(shape->source_buf));
 		if (ev->has_seq)
-			snprintf(shape->seq, sizeof(shape->seq), INT64_FORMAT, ev->seq);
+			snprintf(shape->seq, sizeof(shape->seq), "%d", ce_sequence(ev->seq));
 	}
 	if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED &&
 		ev->payload_kind != OUTBOX_PAYLOAD_NONE)

@@ -243,7 +243,9 @@ OutboxStoreDecodeEvent(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 /*
  * OutboxStoreEventBytes
  *		What an event weighs on the wire, as outbox.batch_max_bytes counts
- *		it: payload, key, and every header's name and value.
+ *		it: payload, key, and every header's name and value; in the
+ *		CloudEvents formats the attributes, which repeat the event's names,
+ *		and the growth of bytes in base64.
  */
 int64
 OutboxStoreEventBytes(const OutboxEvent *ev)
@@ -261,5 +263,16 @@ OutboxStoreEventBytes(const OutboxEvent *ev)
 		bytes += strlen(ev->traceparent) + 11;
 	for (i = 0; i < ev->nheaders; i++)
 		bytes += strlen(ev->header_names[i]) + strlen(ev->header_values[i]);
+	if (outbox_message_format != OUTBOX_FORMAT_NATIVE)
+	{
+		/* the attributes' names, source and sequence, generously */
+		bytes += 256 + strlen(ev->event_id) + strlen(ev->event_type) +
+			strlen(ev->occurred_at) + strlen(ev->aggregate_id) + strlen(ev->key);
+		if (ev->traceparent != NULL)
+			bytes += strlen(ev->traceparent);
+		if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED &&
+			ev->payload_kind == OUTBOX_PAYLOAD_BYTES)
+			bytes += ev->payload_len / 3 + 4;
+	}
 	return bytes;
 }

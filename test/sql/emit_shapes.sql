@@ -61,6 +61,13 @@ SELECT t.err($$SELECT outbox.emit_tombstone('shape', 's9', 'x', schema_version =
 SELECT t.err($$SELECT outbox.emit_tombstone('shape', 's9', 'x', headers => '{"content-type": "a/b"}')$$);
 SELECT t.err($$SELECT outbox.emit_binary('shape', 's9', 'x', '\x01', headers => '{"id": "forged"}')$$);
 SELECT t.err($$SELECT outbox.emit_binary('shape', 's9', 'x', '\x01', topic => 'bad topic')$$);
+-- names of the event hold no control character (C0, DEL; C1 in a UTF-8
+-- database, TAP 115)
+SELECT t.err($$SELECT outbox.emit('shape', E's\t9', 'x', '{}')$$);
+SELECT t.err($$SELECT outbox.emit_tombstone('shape', 's9', E'x\n')$$);
+SELECT t.err($$SELECT outbox.emit_binary(E'\x7fshape', 's9', 'x', '\x01')$$);
+SELECT t.err($$SELECT outbox.emit('shape', 's9', 'x', '{}', key => E'k\x1f')$$);
+SELECT outbox.emit('shape', 's10', 'x', '{}', key => 'k "é" \\ ✓') IS NOT NULL AS other_unicode_passes;
 -- the frame counts against outbox.max_payload_bytes
 SET outbox.max_payload_bytes = 8;
 SELECT outbox.emit_binary('shape', 's9', 'x', '\x0102030405060708'::bytea) IS NOT NULL AS eight_bytes_pass;

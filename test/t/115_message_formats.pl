@@ -4,7 +4,8 @@
 # what was emitted.  cloudevents_structured sends the JSON envelope whose
 # data is the payload; hostile strings (quotes, backslashes, control and
 # non-ASCII characters in the aggregate id, the event type and the source)
-# stay JSON strings that decode to what was emitted.  A reload switches
+# stay JSON strings that decode to what was emitted; control characters,
+# which no CloudEvents string may hold, are refused at emit (22023).  A reload switches
 # the format between events.  emit()'s size check counts the format: an
 # event that fits natively but not in its envelope is refused (54000).
 
@@ -79,7 +80,7 @@ outbox.cloudevents_source = 'https://shop.example/orders?x=%221%22&y=(a,b)'
 });
 $node->reload;
 sleep 1;
-my $hostile_id = "q\"uote\\back\tslash-\x{e9}t\x{e9}";
+my $hostile_id = "q\"uote\\back/slash-\x{e9}t\x{e9} {\"x\": [1]}";
 my @str = (emit(encode_utf8($hostile_id), "odd\"type\\", '{"nested": {"a": [1, "two", null]}, "s": "\\u0001"}'),
 	emit('44', 'order.paid', '{"total": 250}', $tp));
 $msgs = wait_for_events($kafka, $topic, \@str) // [];
@@ -111,6 +112,23 @@ foreach my $id (@str)
 }
 is(decode_utf8((message_of($msgs, $str[0]) // {})->{headers}{aggregate_id} // ''),
 	$hostile_id, 'the hostile aggregate id came through whole');
+# a row emit() did not write may have an occurred_at RFC 3339 cannot say:
+# its event goes without the time attribute, the SDK still reads it
+my $inf = $node->safe_psql('postgres',
+	insert_event_sql('shape', '46', 'order.timeless', q{'{}'::jsonb}) =~ s/now\(\) FROM s/'infinity' FROM s/r);
+my $tm = message_of(wait_for_events($kafka, $topic, [$inf]) // [], $inf);
+my $tenv = eval { JSON::PP->new->utf8->decode($tm->{value} // '') } // {};
+is($tenv->{id}, $inf, 'an event whose occurred_at is infinite is sent in its envelope');
+ok(!exists $tenv->{time}, 'without a time attribute');
+my $utf8 = $node->safe_psql('postgres', 'SELECT getdatabaseencoding()') eq 'UTF8';
+foreach my $bad ("tab\there", "nl\nthere", "del\x7fthere", "c1\x{85}there")
+{
+	next if !$utf8 && $bad =~ /^c1/;	# C1 characters are UTF-8's
+	my ($ret, $out, $err) = $node->psql('postgres',
+		"SELECT outbox.emit('shape', \$a\$" . encode_utf8($bad) . "\$a\$, 'x', '{}')");
+	like($err, qr/aggregate_id must not contain control characters/,
+		'an aggregate id with a control character is refused: ' . sprintf('U+%04X', ord(($bad =~ /([\x00-\x1f\x7f-\x9f])/)[0])));
+}
 
 # --- the size check counts the envelope
 $node->append_conf('postgresql.conf',
