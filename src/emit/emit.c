@@ -190,7 +190,7 @@ emit_owner(FunctionCallInfo fcinfo)
  * emit_event
  *		The body of outbox.emit(), emit_binary() and emit_tombstone(): the
  *		event whose value is of kind (OUTBOX_PAYLOAD_*), its arguments
- *		numbered as emit()'s (OutboxEmitArg).  Returns the event id.
+ *		numbered as emit()'s (emit.h).  Returns the event id.
  *
  * Runs as the function's owner, the extension's, so that callers need
  * EXECUTE on it and nothing on the tables: it switches to the owner
@@ -209,7 +209,6 @@ emit_event(FunctionCallInfo fcinfo, int kind)
 	OutboxEmitRow row;
 	Oid			save_userid;
 	int			save_sec_context;
-	int			topic_arg;
 
 	PreventCommandIfReadOnly("outbox.emit()");
 	PreventCommandDuringRecovery("outbox.emit()");
@@ -222,9 +221,9 @@ emit_event(FunctionCallInfo fcinfo, int kind)
 	row.event.payload_kind = kind;
 	row.arg_shift = (kind == OUTBOX_PAYLOAD_NONE) ? -1 : 0;
 	OutboxEmitCheckContent(fcinfo, &row);
-	topic_arg = OutboxEmitArg(&row, 5);
-	row.topic = OutboxTopicResolve(PG_ARGISNULL(topic_arg) ? NULL :
-								   text_to_cstring(PG_GETARG_TEXT_PP(topic_arg)),
+	if (kind == OUTBOX_PAYLOAD_BYTES)
+		OutboxEmitCheckBinary(fcinfo, &row);
+	row.topic = OutboxTopicResolve(OutboxEmitTopicArg(fcinfo, &row),
 								   row.event.aggregate_type,
 								   row.event.event_type);
 	OutboxEmitCheckEnvelope(fcinfo, &row);

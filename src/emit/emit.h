@@ -75,11 +75,9 @@ extern void OutboxCounterForget(uint64 hash);
 extern bool OutboxTraceparentIsValid(const char *value);
 extern void OutboxEmitCheckContent(FunctionCallInfo fcinfo, OutboxEmitRow *row);
 extern void OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row);
+extern char *OutboxEmitTopicArg(FunctionCallInfo fcinfo, OutboxEmitRow *row);
 extern void OutboxEmitCheckSize(const OutboxEvent *event);
 extern int	OutboxEmitCheckPayloadSize(size_t payload_len);
-
-/* emit()'s argument n, as emit_binary() and emit_tombstone() number it */
-#define OutboxEmitArg(row, n) ((n) >= 4 ? (n) + (row)->arg_shift : (n))
 
 /* emit_binary.c */
 extern void OutboxEmitCheckBinary(FunctionCallInfo fcinfo, OutboxEmitRow *row);

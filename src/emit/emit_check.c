@@ -32,6 +32,13 @@
 #include "kafka/kafka.h"
 #include "emit/emit.h"
 
+/* emit()'s argument n, as emit_binary() and emit_tombstone() number it */
+static inline int
+emit_arg(const OutboxEmitRow *row, int n)
+{
+	return n >= 4 ? n + row->arg_shift : n;
+}
+
 /* whether the n characters at s are lower-case hex digits; *all_zero: all 0 */
 static bool
 is_lower_hex(const char *s, int n, bool *all_zero)
@@ -286,8 +293,8 @@ check_payload(Jsonb *payload)
 /*
  * OutboxEmitCheckContent
  *		Validate what the event says: aggregate type and id, event type,
- *		payload (arguments 0..3; emit_binary()'s in emit_binary.c, none for
- *		emit_tombstone()) and caller headers (4).  Fills row with them, and
+ *		payload (arguments 0..3; emit_binary()'s is emit_binary.c's, and
+ *		emit_tombstone() has none) and caller headers (4).  Fills row with them, and
  *		row->event with what the topic and the size check need.
  */
 void
@@ -306,17 +313,24 @@ OutboxEmitCheckContent(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 		row->payload = PG_GETARG_JSONB_P(3);
 		row->event.payload_len = check_payload(row->payload);
 	}
-	else if (row->event.payload_kind == OUTBOX_PAYLOAD_BYTES)
-		OutboxEmitCheckBinary(fcinfo, row);
 
-	if (!PG_ARGISNULL(OutboxEmitArg(row, 4)))
+	if (!PG_ARGISNULL(emit_arg(row, 4)))
 	{
-		row->headers = PG_GETARG_JSONB_P(OutboxEmitArg(row, 4));
+		row->headers = PG_GETARG_JSONB_P(emit_arg(row, 4));
 		check_headers(row->headers, &row->event);
 	}
 	row->event.aggregate_type = text_to_cstring(row->aggregate_type);
 	row->event.aggregate_id = text_to_cstring(row->aggregate_id);
 	row->event.event_type = text_to_cstring(row->event_type);
+}
+
+/* the topic argument (5), NULL when not given */
+char *
+OutboxEmitTopicArg(FunctionCallInfo fcinfo, OutboxEmitRow *row)
+{
+	int			arg = emit_arg(row, 5);
+
+	return PG_ARGISNULL(arg) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(arg));
 }
 
 /*
@@ -329,8 +343,8 @@ void
 OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 {
 	/* an empty key would be partitioned at random by consistent_random */
-	row->key = PG_ARGISNULL(OutboxEmitArg(row, 6)) ? row->aggregate_id :
-		PG_GETARG_TEXT_PP(OutboxEmitArg(row, 6));
+	row->key = PG_ARGISNULL(emit_arg(row, 6)) ? row->aggregate_id :
+		PG_GETARG_TEXT_PP(emit_arg(row, 6));
 	if (VARSIZE_ANY_EXHDR(row->key) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -338,23 +352,23 @@ OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 				 errhint("Pass NULL to use the aggregate id as the key.")));
 	refuse_control(row->key, "key");
 
-	row->occurred_at = PG_ARGISNULL(OutboxEmitArg(row, 9)) ? GetCurrentTransactionStartTimestamp() :
-		PG_GETARG_TIMESTAMPTZ(OutboxEmitArg(row, 9));
+	row->occurred_at = PG_ARGISNULL(emit_arg(row, 9)) ? GetCurrentTransactionStartTimestamp() :
+		PG_GETARG_TIMESTAMPTZ(emit_arg(row, 9));
 	row->event.occurred_at = format_occurred_at(row->occurred_at);
 
-	if (PG_ARGISNULL(OutboxEmitArg(row, 8)))
+	if (PG_ARGISNULL(emit_arg(row, 8)))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("schema_version must not be null")));
-	row->event.schema_version = PG_GETARG_INT32(OutboxEmitArg(row, 8));
+	row->event.schema_version = PG_GETARG_INT32(emit_arg(row, 8));
 	if (row->event.schema_version < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("schema_version must be at least 1, not %d",
 						row->event.schema_version)));
 
-	if (!PG_ARGISNULL(OutboxEmitArg(row, 7)))
-		row->event_id = PG_GETARG_UUID_P(OutboxEmitArg(row, 7));
+	if (!PG_ARGISNULL(emit_arg(row, 7)))
+		row->event_id = PG_GETARG_UUID_P(emit_arg(row, 7));
 	else
 	{
 		row->event_id = palloc(sizeof(pg_uuid_t));
