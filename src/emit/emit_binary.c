@@ -13,8 +13,10 @@
  *	  zig-zag varints; the common [0] as the single byte 0).
  *	- outbox.max_payload_bytes counts the framed bytes, which are the value.
  *	- content_type is a media type (RFC 6838 names, printable ASCII
- *	  parameters): it travels as a Kafka header and, in the CloudEvents
- *	  formats, as datacontenttype.
+ *	  parameters), and not application/cloudevents...: it travels as a
+ *	  Kafka header and, in the CloudEvents formats, as datacontenttype,
+ *	  and a CloudEvents content type would have readers take the bytes for
+ *	  an envelope whose attributes the writer chose.
  *
  *-------------------------------------------------------------------------
  */
@@ -63,7 +65,11 @@ name_length(const char *s)
 /*
  * content_type_is_valid
  *		Whether value is type/subtype, then nothing or parameters (";" after
- *		optional spaces, printable ASCII), at most CONTENT_TYPE_MAX bytes.
+ *		optional spaces, then printable ASCII), at most CONTENT_TYPE_MAX
+ *		bytes, and not CloudEvents' own: a message whose content type is
+ *		application/cloudevents... is read as a whole CloudEvent (or a
+ *		batch of them) taken from the value, so a writer's bytes could
+ *		forge the attributes outbox sets.
  */
 static bool
 content_type_is_valid(const char *value)
@@ -71,7 +77,8 @@ content_type_is_valid(const char *value)
 	const char *p = value;
 	int			n;
 
-	if (strlen(value) > CONTENT_TYPE_MAX)
+	if (strlen(value) > CONTENT_TYPE_MAX ||
+		pg_strncasecmp(value, "application/cloudevents", 23) == 0)
 		return false;
 	if ((n = name_length(p)) == 0 || p[n] != '/')
 		return false;
@@ -79,10 +86,12 @@ content_type_is_valid(const char *value)
 	if ((n = name_length(p)) == 0)
 		return false;
 	p += n;
-	while (*p == ' ' || *p == '\t')
+	if (*p == '\0')
+		return true;
+	while (*p == ' ')
 		p++;
-	if (*p != '\0' && *p != ';')
-		return false;
+	if (*p != ';')
+		return false;			/* nor trailing spaces */
 	for (; *p != '\0'; p++)
 		if (*p < 0x20 || *p > 0x7e)
 			return false;
@@ -215,8 +224,8 @@ OutboxEmitCheckBinary(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 		if (!content_type_is_valid(row->event.content_type))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("content_type must be a media type such as application/avro"),
-					 errdetail("It is type/subtype (RFC 6838 names), then optional \";\" parameters in printable ASCII, at most %d bytes.",
+					 errmsg("content_type must be a media type such as application/avro, not CloudEvents' own"),
+					 errdetail("It is type/subtype (RFC 6838 names), then optional \";\" parameters in printable ASCII, at most %d bytes; application/cloudevents... would have readers take the bytes for a CloudEvent.",
 							   CONTENT_TYPE_MAX)));
 	}
 	head_len = frame(fcinfo, head);

@@ -258,13 +258,6 @@ OutboxEmitCheckSize(const OutboxEvent *event)
 				 errhint("The limit is librdkafka's message.max.bytes, set in outbox.kafka_config.")));
 }
 
-/*
- * check_payload
- *		The payload's size as JSON text, the size the relay sends, refused
- *		over outbox.max_payload_bytes.  The text is made once, here, and
- *		freed: the row stores the jsonb value, the wire size takes this
- *		length.
- */
 /* a payload's size on the wire, refused over outbox.max_payload_bytes */
 int
 OutboxEmitCheckPayloadSize(size_t payload_len)
@@ -277,6 +270,13 @@ OutboxEmitCheckPayloadSize(size_t payload_len)
 	return (int) payload_len;
 }
 
+/*
+ * check_payload
+ *		The payload's size as JSON text, the size the relay sends, refused
+ *		over outbox.max_payload_bytes.  The text is made once, here, and
+ *		freed: the row stores the jsonb value, the wire size takes this
+ *		length.
+ */
 static int
 check_payload(Jsonb *payload)
 {

@@ -139,9 +139,11 @@ row_values(OutboxEmitRow *row, Datum *values, char *nulls)
  * the table (emit() runs as its owner), ExecutorCheckPerms_hook and
  * statement hooks (pg_stat_statements sees no statement inside emit()).
  * direct_table() decides, once per relcache state of the table, whether
- * the table is still the one this knows: exactly the columns below, of
- * these types, no NOT NULL where emit() may write a null, those defaults,
- * no other INSERT trigger, no CHECK constraint, no generated column, no
+ * the table is still the one this knows: exactly the columns below (a
+ * table before 1.8, under a newer library before ALTER EXTENSION UPDATE,
+ * without the two 1.8 added and with payload NOT NULL), of these types,
+ * no NOT NULL where emit() may write a null, those defaults, no other
+ * INSERT trigger, no CHECK constraint, no generated column, no
  * forced row security.  A table that is not (a superuser changed it) gets
  * the INSERT statement, which honours whatever was changed.  An upgrade
  * script that adds a column to outbox.events adds it here too, or emit()
@@ -162,6 +164,8 @@ typedef struct EventColumnSpec
 	int			param;			/* its insert parameter ($n, 0-based); -1:
 								 * computed here */
 	bool		nullable;		/* emit() may write a null */
+	bool		since_1_8;		/* a table before 1.8 lacks it, and there
+								 * payload is NOT NULL */
 } EventColumnSpec;
 
 static const EventColumnSpec event_columns[EVENT_COLUMN_COUNT] = {
@@ -175,20 +179,22 @@ static const EventColumnSpec event_columns[EVENT_COLUMN_COUNT] = {
 	[COL_SCHEMA_VERSION] = {"schema_version", INT4OID, 4, false},
 	[COL_TOPIC] = {"topic", TEXTOID, 5, false},
 	[COL_KEY] = {"key", TEXTOID, 6, false},
-	[COL_PAYLOAD] = {"payload", JSONBOID, 7, true},
+	[COL_PAYLOAD] = {"payload", JSONBOID, 7, true, true},
 	[COL_HEADERS] = {"headers", JSONBOID, 8, true},
 	[COL_TENANT] = {"tenant", TEXTOID, 9, true},
 	[COL_TRACEPARENT] = {"traceparent", TEXTOID, 10, true},
 	[COL_OCCURRED_AT] = {"occurred_at", TIMESTAMPTZOID, 11, false},
 	[COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID, -1, false},
-	[COL_PAYLOAD_BYTES] = {"payload_bytes", BYTEAOID, 13, true},
-	[COL_CONTENT_TYPE] = {"content_type", TEXTOID, 14, true},
+	[COL_PAYLOAD_BYTES] = {"payload_bytes", BYTEAOID, 13, true, true},
+	[COL_CONTENT_TYPE] = {"content_type", TEXTOID, 14, true, true},
 };
 
 /* what direct_table() found outbox.events to be, for its relcache state */
 typedef struct DirectTable
 {
 	bool		direct;			/* the direct insert can take it */
+	bool		before_1_8;		/* no payload_bytes, content_type (only
+								 * emit() exists to write it) */
 	Oid			id_seq;			/* the identity sequence of id */
 	AttrNumber	attnum[EVENT_COLUMN_COUNT];
 } DirectTable;
@@ -235,6 +241,8 @@ direct_table_check(Relation rel, DirectTable *t)
 				return "it has an INSERT trigger of its own";
 		}
 	}
+	/* before 1.8 (the library updated, the extension not yet): only emit() */
+	t->before_1_8 = (get_attnum(RelationGetRelid(rel), "payload_bytes") == InvalidAttrNumber);
 	for (int a = 0; a < desc->natts; a++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, a);
@@ -251,12 +259,14 @@ direct_table_check(Relation rel, DirectTable *t)
 			return "a column's type is not emit()'s";
 		if (att->attgenerated != '\0')
 			return "it has a generated column";
-		if (att->attnotnull && event_columns[c].nullable)
+		if (att->attnotnull && event_columns[c].nullable &&
+			!(t->before_1_8 && event_columns[c].since_1_8))
 			return "a column emit() may leave null is NOT NULL";
 		t->attnum[c] = att->attnum;
 	}
 	for (int c = 0; c < EVENT_COLUMN_COUNT; c++)
-		if (t->attnum[c] == InvalidAttrNumber)
+		if (t->attnum[c] == InvalidAttrNumber &&
+			!(t->before_1_8 && event_columns[c].since_1_8))
 			return "a column is missing";
 	if (!OutboxEmitPlainIndexes(rel))
 		return "an index is not a plain btree on columns";
@@ -325,6 +335,14 @@ insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 	{
 		int			att = t->attnum[c] - 1;
 		int			param = event_columns[c].param;
+
+		if (t->attnum[c] == InvalidAttrNumber)
+		{
+			/* a column before 1.8 lacks: only emit() writes there */
+			if (nulls[param] != 'n')
+				elog(ERROR, "outbox.events has no column %s", event_columns[c].name);
+			continue;
+		}
 
 		slot->tts_isnull[att] = false;
 		if (param >= 0)

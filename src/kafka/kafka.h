@@ -121,6 +121,7 @@ typedef struct OutboxMessageShape
 
 extern void OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape,
 							 bool with_data);
+extern bool OutboxEventShapeFits(const OutboxEvent *ev);
 extern void OutboxEventShapeFree(OutboxMessageShape *shape);
 
 /* message.c */

@@ -36,6 +36,7 @@
 #include "postgres.h"
 
 #include "lib/stringinfo.h"
+#include "utils/memutils.h"
 #include "utils/json.h"
 
 #include "base/base.h"
@@ -234,6 +235,21 @@ OutboxEventShape(const OutboxEvent *ev, OutboxMessageShape *shape, bool with_dat
 		attribute_headers(shape, ev);
 	if (content_type != NULL)
 		add_header(shape, "content-type", content_type);
+}
+
+/*
+ * OutboxEventShapeFits
+ *		Whether ev's message can be built in memory under the current format:
+ *		an envelope (base64 a third larger than the bytes) must stay under
+ *		palloc's 1 GB.  emit() accepts nothing that large in the format it
+ *		emits under; an event emitted under another format can be.
+ */
+bool
+OutboxEventShapeFits(const OutboxEvent *ev)
+{
+	return outbox_message_format != OUTBOX_FORMAT_CE_STRUCTURED ||
+		ev->payload_kind == OUTBOX_PAYLOAD_NONE ||
+		envelope_data_size(ev) < MaxAllocSize - 1024 * 1024;
 }
 
 void

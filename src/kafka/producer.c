@@ -675,6 +675,12 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	if (event->partition == OUTBOX_PARTITION_UNSET)
 		(void) OutboxProducerPartition(producer, event, 0);
 
+	if (!OutboxEventShapeFits(event))
+	{
+		/* too large for any broker anyway: quarantined as Kafka would */
+		record_outcome(event, (int) RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, true);
+		return;
+	}
 	OutboxEventHeaderValues(event, values, num);
 	OutboxEventShape(event, &shape, true);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + shape.nextra + event->nheaders);

@@ -578,6 +578,7 @@ OutboxStoreReadReplays(int limit, OutboxEvent **events, MemoryContext cxt)
 
 	SPI_connect();
 	values[0] = Int32GetDatum(limit);
+	OutboxStoreLockFirst("replay_queue");
 	/* what the bytes leave out stays queued for the next page */
 	n = OutboxStoreQueryEvents("SELECT " EVENT_COLUMNS ", q.position"
 							   " FROM outbox.replay_queue q"

@@ -38,6 +38,24 @@
 #define EVENT_BYTES_NULLS " NULL::pg_catalog.bytea, NULL::pg_catalog.text"
 
 /*
+ * OutboxStoreLockFirst
+ *		Lock outbox.<relname> as a statement reading it would, before
+ *		OutboxStoreEventsHaveBytes locks outbox.events: a statement that
+ *		reads relname joined to the events then takes its locks in the order
+ *		its parse would, not the other way round, which could meet an
+ *		upgrade script's in a deadlock.  Inside a transaction.
+ */
+void
+OutboxStoreLockFirst(const char *relname)
+{
+	Oid			nsp = get_namespace_oid("outbox", true);
+	Oid			relid = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+
+	if (OidIsValid(relid))
+		LockRelationOid(relid, AccessShareLock);
+}
+
+/*
  * OutboxStoreEventsHaveBytes
  *		Whether outbox.events has payload_bytes (1.8 on), judged with the
  *		table locked as the event queries lock it, for this transaction.

@@ -231,6 +231,7 @@ OutboxStoreReadHeld(const char *topic, int32 partition, int limit,
 	values[1] = Int32GetDatum(partition);
 	values[2] = Int32GetDatum(limit);
 	SPI_connect();
+	OutboxStoreLockFirst("held");
 	n = OutboxStoreQueryEvents("SELECT " EVENT_COLUMNS
 							   " FROM outbox.held h"
 							   " JOIN outbox.events e ON e.id OPERATOR(pg_catalog.=) h.id"

@@ -29,6 +29,7 @@ extern int	OutboxStoreQueryEvents(const char *sql, int nargs, Oid *types,
 								   const char *what);
 
 /* store_event.c */
+extern void OutboxStoreLockFirst(const char *relname);
 extern bool OutboxStoreEventsHaveBytes(void);
 extern const char *OutboxStoreEventSql(const char *sql, bool have_bytes);
 extern void OutboxStoreDecodeEvent(HeapTuple tup, TupleDesc desc, OutboxEvent *ev);
