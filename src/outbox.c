@@ -42,6 +42,8 @@ PG_MODULE_MAGIC;
 char	   *outbox_topic_template;
 bool		outbox_aggregate_sequence;
 int			outbox_max_payload_bytes;
+int			outbox_max_backlog;
+int			outbox_max_backlog_age;
 char	   *outbox_traceparent;
 char	   *outbox_tenant;
 char	   *outbox_allowed_topics;
@@ -306,6 +308,23 @@ define_emit_settings(void)
 							&outbox_max_payload_bytes,
 							OUTBOX_MAX_PAYLOAD_DEFAULT, 1, INT_MAX,
 							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_backlog",
+							"Backlog, in events, at which emit() refuses new events (0: no limit).",
+							"The backlog is what the relay has not published: committed events Kafka has "
+							"not acknowledged, not held or quarantined ones.",
+							&outbox_max_backlog,
+							0, 0, INT_MAX,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_backlog_age",
+							"Age of the oldest unpublished event at which emit() refuses new events (0: no limit).",
+							NULL,
+							&outbox_max_backlog_age,
+							0, 0, INT_MAX / 1000,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.traceparent",

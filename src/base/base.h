@@ -157,6 +157,23 @@ extern char *outbox_progress_topic;
 extern char *outbox_transactional_id_suffix;
 extern int	outbox_message_format;
 extern char *outbox_cloudevents_source;
+extern int	outbox_max_backlog;
+extern int	outbox_max_backlog_age;
+
+/*
+ * Whether a backlog of backlog events, the oldest created at oldest (0:
+ * none), is at outbox.max_backlog or its oldest at outbox.max_backlog_age
+ * (seconds) at now: emit() refuses then, and the relay says when it stops.
+ * Arithmetic only: callers hold a spinlock.
+ */
+static inline bool
+OutboxBacklogOverLimits(int64 backlog, TimestampTz oldest, TimestampTz now)
+{
+	if (outbox_max_backlog > 0 && backlog >= outbox_max_backlog)
+		return true;
+	return outbox_max_backlog_age > 0 && oldest > 0 &&
+		now - oldest >= (int64) outbox_max_backlog_age * USECS_PER_SEC;
+}
 
 /*
  * outbox.synchronized_standby_slots as the relay reads it: the slot names,

@@ -227,6 +227,7 @@ emit_event(FunctionCallInfo fcinfo, int kind)
 								   row.event.aggregate_type,
 								   row.event.event_type);
 	OutboxEmitCheckEnvelope(fcinfo, &row);
+	OutboxEmitCheckBacklog();
 	insert_event(&row);
 
 	SetUserIdAndSecContext(save_userid, save_sec_context);

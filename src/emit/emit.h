@@ -79,6 +79,9 @@ extern char *OutboxEmitTopicArg(FunctionCallInfo fcinfo, OutboxEmitRow *row);
 extern void OutboxEmitCheckSize(const OutboxEvent *event);
 extern int	OutboxEmitCheckPayloadSize(size_t payload_len);
 
+/* emit_backlog.c */
+extern void OutboxEmitCheckBacklog(void);
+
 /* emit_binary.c */
 extern void OutboxEmitCheckBinary(FunctionCallInfo fcinfo, OutboxEmitRow *row);
 

@@ -30,6 +30,36 @@
 PG_FUNCTION_INFO_V1(outbox_health);
 
 /*
+ * backlog_verdict
+ *		Backpressure's part of the verdict: critical while emit() refuses
+ *		events (outbox.max_backlog, outbox.max_backlog_age), warning once
+ *		the backlog or its oldest event is past 80% of a limit; NULL below.
+ *		The figures are those emit() judges: the relay's slot.
+ */
+static char *
+backlog_verdict(const OutboxSlotView *s, bool *critical)
+{
+	double		age = s->oldest_pending > 0 ?
+		(double) (GetCurrentTimestamp() - s->oldest_pending) / USECS_PER_SEC : 0;
+
+	*critical = s->refusing;
+	if (s->refusing)
+		return psprintf("emit() refuses new events: the backlog is " INT64_FORMAT
+						" events (outbox.max_backlog %d), the oldest %.0f s old "
+						"(outbox.max_backlog_age %d s)",
+						s->backlog, outbox_max_backlog, age, outbox_max_backlog_age);
+	if (outbox_max_backlog > 0 && s->backlog >= 0.8 * outbox_max_backlog)
+		return psprintf("the backlog is " INT64_FORMAT " events, over 80%% of "
+						"outbox.max_backlog (%d), where emit() refuses",
+						s->backlog, outbox_max_backlog);
+	if (outbox_max_backlog_age > 0 && age >= 0.8 * outbox_max_backlog_age)
+		return psprintf("the oldest undelivered event is %.0f s old, over 80%% of "
+						"outbox.max_backlog_age (%d s), where emit() refuses",
+						age, outbox_max_backlog_age);
+	return NULL;
+}
+
+/*
  * judge_health
  *		health()'s verdict on snap against limit seconds: sets *status and
  *		returns the reason (NULL when all is well).
@@ -38,6 +68,8 @@ static char *
 judge_health(const OutboxStatusSnapshot *snap, double limit, const char **status)
 {
 	const OutboxSlotView *s = &snap->slot;
+	bool		pressure_critical;
+	char	   *pressure;
 
 	*status = "critical";
 	if (!snap->running)
@@ -50,6 +82,9 @@ judge_health(const OutboxStatusSnapshot *snap, double limit, const char **status
 		return psprintf("the relay is fenced: another producer publishes with its Kafka "
 						"transactional.id (a promoted standby?), so it publishes nothing: %s",
 						s->last_error);
+	pressure = backlog_verdict(s, &pressure_critical);
+	if (pressure != NULL && pressure_critical)
+		return pressure;
 	if (snap->oldest_age > limit && s->state == OUTBOX_RELAY_WAITING_STANDBY)
 		return psprintf("the oldest undelivered event is %.0f s old, over %.0f s "
 						"(publishing waits for a standby: %s)",
@@ -84,6 +119,8 @@ judge_health(const OutboxStatusSnapshot *snap, double limit, const char **status
 	if (snap->quarantined > 0)
 		return psprintf(INT64_FORMAT " events are quarantined in outbox.dead_letters",
 						snap->quarantined);
+	if (pressure != NULL)
+		return pressure;
 	*status = "ok";
 	return NULL;
 }

@@ -19,6 +19,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "base/base.h"
 #include "shmem/shmem.h"
@@ -52,6 +53,37 @@ static char *
 i64(int64 value)
 {
 	return psprintf(INT64_FORMAT, value);
+}
+
+/*
+ * metric_backpressure
+ *		emit()'s limits on the backlog, the headroom left under them (as
+ *		emit() judges it: the relay's figures), and the refusals.
+ */
+static void
+metric_backpressure(StringInfo buf, const char *labels, const OutboxSlotView *s)
+{
+	double		age = s->oldest_pending > 0 ?
+		(double) (GetCurrentTimestamp() - s->oldest_pending) / USECS_PER_SEC : 0;
+
+	metric(buf, labels, "outbox_backlog_limit_events", "gauge",
+		   "outbox.max_backlog: the backlog at which emit() refuses (0: none).",
+		   psprintf("%d", outbox_max_backlog));
+	metric(buf, labels, "outbox_backlog_headroom_events", "gauge",
+		   "Events emit() accepts before outbox.max_backlog (no sample without a limit).",
+		   outbox_max_backlog > 0 ? i64(Max(outbox_max_backlog - s->backlog, 0)) : NULL);
+	metric(buf, labels, "outbox_backlog_age_limit_seconds", "gauge",
+		   "outbox.max_backlog_age: the oldest event's age at which emit() refuses (0: none).",
+		   psprintf("%d", outbox_max_backlog_age));
+	metric(buf, labels, "outbox_backlog_age_headroom_seconds", "gauge",
+		   "Seconds before the oldest event reaches outbox.max_backlog_age (no sample without a limit).",
+		   outbox_max_backlog_age > 0 ? psprintf("%.3f", Max(outbox_max_backlog_age - age, 0)) : NULL);
+	metric(buf, labels, "outbox_emit_refused_total", "counter",
+		   "Events emit() refused for the backlog's limits since the server started.",
+		   u64(s->emit_refused));
+	metric(buf, labels, "outbox_emit_refusing", "gauge",
+		   "1 while emit() refuses events for the backlog's limits.",
+		   s->refusing ? "1" : "0");
 }
 
 /*
@@ -223,6 +255,7 @@ outbox_metrics(PG_FUNCTION_ARGS)
 		   i64(snap.backlog));
 	metric(&buf, labels, "outbox_oldest_pending_seconds", "gauge", "Age of the oldest event not yet published (0 when none).",
 		   psprintf("%.3f", Max(snap.oldest_age, 0)));
+	metric_backpressure(&buf, labels, s);
 	metric(&buf, labels, "outbox_published_total", "counter", "Events acknowledged by Kafka since the server started.",
 		   u64(s->published));
 	metric(&buf, labels, "outbox_published_bytes_total", "counter", "Payload bytes acknowledged by Kafka since the server started.",

@@ -283,6 +283,56 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 }
 
 /*
+ * slot_backlog
+ *		The slot's backlog as of now: the open batch's remainder plus what
+ *		committed since.  The caller holds slot->mutex.
+ */
+static int64
+slot_backlog(const OutboxSlot *slot)
+{
+	return Max(slot->batch_remaining +
+			   (int64) (slot->committed_events - slot->committed_at_open), 0);
+}
+
+/*
+ * OutboxSlotRefuses
+ *		emit()'s backpressure: whether dboid's backlog (as its relay last
+ *		said) is past the limits at now (OutboxBacklogOverLimits); if so the
+ *		refusal is counted, and *first says whether refusing starts with it
+ *		(the relay says when it ends).  *backlog and *oldest get the
+ *		figures.  False when dboid has no slot: no relay knows its backlog.
+ */
+bool
+OutboxSlotRefuses(Oid dboid, TimestampTz now, int64 *backlog, TimestampTz *oldest,
+				  bool *first)
+{
+	OutboxSlot *slot;
+	bool		refuse = false;
+
+	*first = false;
+	if (outbox_shared == NULL)
+		return false;
+	LWLockAcquire(outbox_shared->lock, LW_SHARED);
+	slot = find_slot_locked(dboid);
+	if (slot != NULL)
+	{
+		SpinLockAcquire(&slot->mutex);
+		*backlog = slot_backlog(slot);
+		*oldest = slot->v.oldest_pending;
+		refuse = OutboxBacklogOverLimits(*backlog, *oldest, now);
+		if (refuse)
+		{
+			slot->v.emit_refused++;
+			*first = !slot->v.refusing;
+			slot->v.refusing = true;
+		}
+		SpinLockRelease(&slot->mutex);
+	}
+	LWLockRelease(outbox_shared->lock);
+	return refuse;
+}
+
+/*
  * OutboxRequestExtensionCheck
  *		DROP EXTENSION outbox committed: have dboid's relay look whether its
  *		extension is still there, even while it is paused.
@@ -415,8 +465,7 @@ view_from_copy(const OutboxSlot *s, OutboxSlotView *out)
 	int			b;
 
 	*out = s->v;
-	out->backlog = Max(s->batch_remaining +
-					   (int64) (s->committed_events - s->committed_at_open), 0);
+	out->backlog = slot_backlog(s);
 	for (w = 0; w < OUTBOX_WINDOWS; w++)
 	{
 		const OutboxWindow *win = &s->window[w];
@@ -711,6 +760,7 @@ OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int			c;
+	int64		relieved = -1;
 
 	SpinLockAcquire(&slot->mutex);
 	slot->pages += r->pages;
@@ -728,5 +778,16 @@ OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 	if (r->set_backlog)
 		set_backlog(slot, r->batch_opened, r->batch_remaining,
 					r->oldest_pending, r->page_size);
+	if (slot->v.refusing && !OutboxBacklogOverLimits(slot_backlog(slot),
+													 slot->v.oldest_pending, now))
+	{
+		slot->v.refusing = false;
+		relieved = slot_backlog(slot);
+	}
 	SpinLockRelease(&slot->mutex);
+	if (relieved >= 0)
+		ereport(LOG,
+				(errmsg("outbox: emit() accepts events again: the backlog is " INT64_FORMAT
+						" events, under outbox.max_backlog and outbox.max_backlog_age",
+						relieved)));
 }

@@ -69,6 +69,8 @@ typedef struct OutboxSlotView
 	uint64		minute_events;	/* the last minute's deliveries */
 	uint64		minute_bytes;
 	uint64		minute_latency[OUTBOX_LAT_NBUCKETS];
+	uint64		emit_refused;	/* emits refused for the backlog's limits */
+	bool		refusing;		/* emit() refuses since the last refusal */
 	bool		slots_full;		/* every slot belongs to a database */
 	TimestampTz no_worker_since;	/* the launcher lacks a worker, or 0 */
 } OutboxSlotView;
@@ -113,6 +115,8 @@ extern const char *OutboxRelayStateName(OutboxRelayState state);
 extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
 extern void OutboxRequestExtensionCheck(Oid dboid);
 extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
+extern bool OutboxSlotRefuses(Oid dboid, TimestampTz now, int64 *backlog,
+							  TimestampTz *oldest, bool *first);
 
 /* the launcher */
 extern void OutboxSetNoWorker(bool short_of_workers);

@@ -291,16 +291,22 @@ INSERT INTO b.plain_outbox (event_id, aggregate_type, aggregate_id, event_type, 
   VALUES (gen_random_uuid(), 'account', :aid::text, 'account.updated', 'outbox.event.account', :aid::text, '{payload}', now());
 END;
 """
-    def case(seq):
+    def case(seq, limits=False):
         def run():
             if seq is None:
                 return pgbench(server, plain, EMIT_SECS, 8)
             set_conf(conn, "outbox.aggregate_sequence", seq)
+            # backpressure's limits, set far above what the run reaches
+            set_conf(conn, "outbox.max_backlog", "100000000" if limits else "0")
+            set_conf(conn, "outbox.max_backlog_age", "3600" if limits else "0")
             return pgbench(server, emit, EMIT_SECS, 8)
         return run
     for relay in ("paused", "draining"):
         set_conf(conn, "outbox.enabled", "off" if relay == "paused" else "on")
-        res = alternate({"plain": case(None), "off": case("off"), "on": case("on")})
+        cases = {"plain": case(None), "off": case("off"), "on": case("on")}
+        if relay == "draining":
+            cases["limits"] = case("on", True)
+        res = alternate(cases)
         ptps = median([r[0] for r in res["plain"]])
         pp99 = median([r[2] for r in res["plain"]])
         row("emit", f"plain INSERT TPS (relay {relay})", fmt(ptps), "tps", "",
@@ -314,8 +320,15 @@ END;
         mid, lo, hi = round_ratios(res["on"], res["off"])
         row("emit", f"sequence on vs off: emit() TPS (relay {relay})", fmt(median([r[0] for r in res["on"]])),
             "tps", f"{mid:.2f}", f"rounds {lo:.2f}..{hi:.2f}; target 0.95")
+        if "limits" in res:
+            mid, lo, hi = round_ratios(res["limits"], res["on"])
+            row("emit", f"backlog limits set vs none: emit() TPS (relay {relay})",
+                fmt(median([r[0] for r in res["limits"]])), "tps", f"{mid:.2f}",
+                f"rounds {lo:.2f}..{hi:.2f}; outbox.max_backlog and max_backlog_age set far above the backlog")
     set_conf(conn, "outbox.enabled", "off")
     set_conf(conn, "outbox.aggregate_sequence", "on")
+    set_conf(conn, "outbox.max_backlog", "0")
+    set_conf(conn, "outbox.max_backlog_age", "0")
     q(conn, "DROP SCHEMA b CASCADE")
 
 
