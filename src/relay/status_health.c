@@ -31,19 +31,20 @@ PG_FUNCTION_INFO_V1(outbox_health);
 
 /*
  * backlog_verdict
- *		Backpressure's part of the verdict: critical while emit() refuses
- *		events (outbox.max_backlog, outbox.max_backlog_age), warning once
- *		the backlog or its oldest event is past 80% of a limit; NULL below.
- *		The figures are those emit() judges: the relay's slot.
+ *		Backpressure's part of the verdict: critical when emit() would
+ *		refuse an event now (outbox.max_backlog, outbox.max_backlog_age),
+ *		warning once the backlog or its oldest event is past 80% of a limit;
+ *		NULL below.  The figures are those emit() judges: the relay's slot.
  */
 static char *
 backlog_verdict(const OutboxSlotView *s, bool *critical)
 {
+	TimestampTz now = GetCurrentTimestamp();
 	double		age = s->oldest_pending > 0 ?
-		(double) (GetCurrentTimestamp() - s->oldest_pending) / USECS_PER_SEC : 0;
+		(double) (now - s->oldest_pending) / USECS_PER_SEC : 0;
 
-	*critical = s->refusing;
-	if (s->refusing)
+	*critical = OutboxBacklogOverLimits(s->backlog, s->oldest_pending, now);
+	if (*critical)
 		return psprintf("emit() refuses new events: the backlog is " INT64_FORMAT
 						" events (outbox.max_backlog %d), the oldest %.0f s old "
 						"(outbox.max_backlog_age %d s)",

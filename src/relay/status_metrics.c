@@ -83,7 +83,8 @@ metric_backpressure(StringInfo buf, const char *labels, const OutboxSlotView *s)
 		   u64(s->emit_refused));
 	metric(buf, labels, "outbox_emit_refusing", "gauge",
 		   "1 while emit() refuses events for the backlog's limits.",
-		   s->refusing ? "1" : "0");
+		   OutboxBacklogOverLimits(s->backlog, s->oldest_pending,
+								   GetCurrentTimestamp()) ? "1" : "0");
 }
 
 /*

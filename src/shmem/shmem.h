@@ -70,7 +70,9 @@ typedef struct OutboxSlotView
 	uint64		minute_bytes;
 	uint64		minute_latency[OUTBOX_LAT_NBUCKETS];
 	uint64		emit_refused;	/* emits refused for the backlog's limits */
-	bool		refusing;		/* emit() refuses since the last refusal */
+	bool		refusing;		/* emit() refused since the relay last found
+								 * the backlog under the limits: the log
+								 * says when refusing starts and ends */
 	bool		slots_full;		/* every slot belongs to a database */
 	TimestampTz no_worker_since;	/* the launcher lacks a worker, or 0 */
 } OutboxSlotView;
