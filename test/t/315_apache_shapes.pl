@@ -55,21 +55,20 @@ SELECT outbox.emit_binary('order', 'o-' || g, 'order.paid',
 	schema_id => 17, content_type => 'application/vnd.apache.avro+binary')
 FROM generate_series(1, 20) g});
 
-# --- bytes in CloudEvents, both modes
-$node->append_conf('postgresql.conf', "outbox.message_format = cloudevents_binary\n");
-$node->reload;
-sleep 2;
-my @ce_bin = lines(q{
+# --- bytes in CloudEvents, both modes: blobs from..to under format
+sub blobs_in
+{
+	my ($format, $from, $to) = @_;
+	$node->append_conf('postgresql.conf', "outbox.message_format = $format\n");
+	$node->reload;
+	sleep 2;
+	return lines(qq{
 SELECT outbox.emit_binary('blob', 'b-' || g, 'blob.stored', decode('00ff7c0a' || to_hex(g + 16), 'hex'),
 	content_type => 'application/octet-stream')
-FROM generate_series(1, 10) g});
-$node->append_conf('postgresql.conf', "outbox.message_format = cloudevents_structured\n");
-$node->reload;
-sleep 2;
-my @ce_str = lines(q{
-SELECT outbox.emit_binary('blob', 'b-' || g, 'blob.stored', decode('00ff7c0a' || to_hex(g + 16), 'hex'),
-	content_type => 'application/octet-stream')
-FROM generate_series(11, 20) g});
+FROM generate_series($from, $to) g});
+}
+my @ce_bin = blobs_in('cloudevents_binary', 1, 10);
+my @ce_str = blobs_in('cloudevents_structured', 11, 20);
 $node->append_conf('postgresql.conf', "outbox.message_format = native\n");
 $node->reload;
 sleep 2;
