@@ -316,7 +316,7 @@ define_emit_settings(void)
 							"not acknowledged, not held or quarantined ones.",
 							&outbox_max_backlog,
 							0, 0, INT_MAX,
-							PGC_SUSET, 0,
+							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_backlog_age",
@@ -324,7 +324,7 @@ define_emit_settings(void)
 							NULL,
 							&outbox_max_backlog_age,
 							0, 0, INT_MAX / 1000,
-							PGC_SUSET, GUC_UNIT_S,
+							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.traceparent",

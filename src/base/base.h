@@ -176,6 +176,20 @@ OutboxBacklogOverLimits(int64 backlog, TimestampTz oldest, TimestampTz now)
 }
 
 /*
+ * Whether refusing may end: the backlog under 90% of each limit set, so
+ * that a backlog hovering at a limit does not start and end refusing at
+ * every page.  Arithmetic only: callers hold a spinlock.
+ */
+static inline bool
+OutboxBacklogRelieved(int64 backlog, TimestampTz oldest, TimestampTz now)
+{
+	if (outbox_max_backlog > 0 && backlog >= (int64) outbox_max_backlog * 9 / 10)
+		return false;
+	return !(outbox_max_backlog_age > 0 && oldest > 0 &&
+			 now - oldest >= (int64) outbox_max_backlog_age * USECS_PER_SEC * 9 / 10);
+}
+
+/*
  * outbox.synchronized_standby_slots as the relay reads it: the slot names,
  * parsed once by the setting's check hook (relay_standby.c).  NULL or no
  * names: the relay waits for no standby.

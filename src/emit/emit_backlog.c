@@ -13,11 +13,12 @@
  *	- The backlog is the relay's: committed events Kafka has not
  *	  acknowledged.  Held events (they left the batch) and quarantined
  *	  ones are not in it; events of transactions still open are not.
- *	  Without a relay slot (no relay started for the database) nothing is
- *	  known and nothing is refused.
+ *	  Without a relay slot nothing is known and nothing is refused.
  *	- Refusing starts at the first refusal (logged here, once) and ends
- *	  when the relay reports a backlog under both limits (logged by the
- *	  relay, relay_slots.c).  Every refusal is counted for metrics().
+ *	  under 90% of both limits (logged by the relay, relay_slots.c, or
+ *	  here when the relay reports nothing).  Every refusal is counted.
+ *	- The limits are sighup settings: emit(), the relay and metrics()
+ *	  judge by the same values.
  *
  *-------------------------------------------------------------------------
  */
@@ -44,12 +45,20 @@ OutboxEmitCheckBacklog(void)
 	TimestampTz now;
 	double		age;
 	bool		first;
+	bool		ended;
 
 	if (outbox_max_backlog <= 0 && outbox_max_backlog_age <= 0)
 		return;
 	now = GetCurrentTimestamp();
-	if (!OutboxSlotRefuses(MyDatabaseId, now, &backlog, &oldest, &first))
+	if (!OutboxSlotRefuses(MyDatabaseId, now, &backlog, &oldest, &first, &ended))
+	{
+		if (ended)
+			ereport(LOG,
+					(errmsg("outbox: emit() accepts events again: the backlog is " INT64_FORMAT
+							" events, under 90%% of outbox.max_backlog and outbox.max_backlog_age",
+							backlog)));
 		return;
+	}
 	age = oldest > 0 ? (double) (now - oldest) / USECS_PER_SEC : 0;
 	if (first)
 		ereport(LOG,

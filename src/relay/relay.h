@@ -22,4 +22,7 @@ extern OutboxStandbySlotList *OutboxStandbySlotsParse(const char *value, char **
 /* relay.c */
 PGDLLEXPORT void OutboxRelayMain(Datum main_arg);
 
+/* status.c: the backlog counted in the log (a starting relay, status()) */
+extern void OutboxRelayCountBacklog(int64 *backlog, TimestampTz *oldest);
+
 #endif							/* OUTBOX_RELAY_H */

@@ -32,6 +32,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "relay/relay.h"
 #include "relay/relay_state.h"
 #include "base/base.h"
 #include "shmem/shmem.h"
@@ -66,37 +67,6 @@ OutboxRelayCheckExtension(Relay *r)
 	OutboxRelayEndTxn(r);
 }
 
-/*
- * OutboxRelayLoadProgress
- *		Start-up: the database's name and the relay's position, in the
- *		relay's long-lived context.
- */
-void
-OutboxRelayLoadProgress(Relay *r, Oid dboid)
-{
-	OutboxRelayBeginTxn("loading progress");
-	r->dbname = MemoryContextStrdup(r->cxt, get_database_name(dboid));
-	if (!OutboxStoreExtensionPresent())
-		exit_without_extension(r);
-	OutboxStoreLoadProgress(&r->batch, r->cxt);
-	OutboxStoreLoadOrigin(true);
-	OutboxRelayLoadHolds(r);
-	OutboxRelayEndTxn(r);
-}
-
-/*
- * OutboxRelayReloadBlocked
- *		Read the list of blocked aggregates again (outbox.poison_policy =
- *		'block').  The caller is in a transaction.
- */
-void
-OutboxRelayReloadBlocked(Relay *r)
-{
-	MemoryContextReset(r->blocked_cxt);
-	r->blocked = OutboxStoreLoadBlocked(r->blocked_cxt);
-	r->blocked_stale = false;
-}
-
 /* status(): the backlog as the relay knows it now */
 static void
 report_backlog(Relay *r, bool opened, int64 remaining, TimestampTz oldest,
@@ -113,6 +83,86 @@ report_backlog(Relay *r, bool opened, int64 remaining, TimestampTz oldest,
 	report.page_size = page_size;
 	OutboxSlotReportRound(r->slot, &report);
 }
+
+/*
+ * pages_pending
+ *		Events of the batch's pages in hand and read ahead, but except, not
+ *		settled yet: read out of the batch's remainder, still in the backlog
+ *		until a settled round reports them delivered (OutboxRelaySettleRound
+ *		marks them and reports them at once, and they leave it then).
+ */
+static int64
+pages_pending(Relay *r, const RelayPage *except)
+{
+	RelayPage  *pages[2] = {r->in_hand, r->ahead};
+	int64		n = 0;
+
+	for (int i = 0; i < 2; i++)
+	{
+		RelayPage  *p = pages[i];
+
+		if (p == NULL || p == except || p->replay || p->drain != NULL)
+			continue;
+		for (int j = 0; j < p->n; j++)
+			if (p->events[j].disposition == OUTBOX_EVENT_PENDING)
+				n++;
+	}
+	return n;
+}
+
+/*
+ * count_backlog_at_start
+ *		A starting relay's slot knows no backlog (shared memory starts
+ *		empty, a new relay's slot is zeroed) until the relay reads a page,
+ *		which a paused relay, or one that cannot reach Kafka, does not do:
+ *		emit()'s backpressure and status() would see none.  With a limit
+ *		set, count it once in the log.  Commits between the count and the
+ *		report are counted twice: the figure errs high until the first page.
+ */
+static void
+count_backlog_at_start(Relay *r)
+{
+	int64		backlog;
+	TimestampTz oldest;
+
+	if (outbox_max_backlog <= 0 && outbox_max_backlog_age <= 0)
+		return;
+	OutboxRelayCountBacklog(&backlog, &oldest);
+	report_backlog(r, true, backlog, oldest, 0, 0);
+}
+
+/*
+ * OutboxRelayLoadProgress
+ *		Start-up: the database's name and the relay's position, in the
+ *		relay's long-lived context.
+ */
+void
+OutboxRelayLoadProgress(Relay *r, Oid dboid)
+{
+	OutboxRelayBeginTxn("loading progress");
+	r->dbname = MemoryContextStrdup(r->cxt, get_database_name(dboid));
+	if (!OutboxStoreExtensionPresent())
+		exit_without_extension(r);
+	OutboxStoreLoadProgress(&r->batch, r->cxt);
+	OutboxStoreLoadOrigin(true);
+	OutboxRelayLoadHolds(r);
+	count_backlog_at_start(r);
+	OutboxRelayEndTxn(r);
+}
+
+/*
+ * OutboxRelayReloadBlocked
+ *		Read the list of blocked aggregates again (outbox.poison_policy =
+ *		'block').  The caller is in a transaction.
+ */
+void
+OutboxRelayReloadBlocked(Relay *r)
+{
+	MemoryContextReset(r->blocked_cxt);
+	r->blocked = OutboxStoreLoadBlocked(r->blocked_cxt);
+	r->blocked_stale = false;
+}
+
 
 /*
  * move_reader
@@ -188,7 +238,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 								&pg->events, pg->cxt, &cut);
 	OutboxRelayEndTxn(r);
 
-	report_backlog(r, opened, r->batch.remaining,
+	report_backlog(r, opened, r->batch.remaining + pages_pending(r, pg),
 				   pg->n > 0 && r->in_hand == NULL ? pg->events[0].created_at : -1,
 				   pg->n, 0);
 	pg->cur = MemoryContextStrdup(pg->cxt, r->batch.cur);
@@ -355,7 +405,7 @@ OutboxRelayRecordPage(Relay *r, RelayPage *pg)
 	r->kafka_txn = Max(r->kafka_txn, r->txn_to_record);
 	r->txn_to_record = 0;
 	OutboxRelayCountHeld(r, pg);
-	report_backlog(r, false, r->batch.remaining,
+	report_backlog(r, false, r->batch.remaining + pages_pending(r, pg),
 				   r->ahead != NULL && r->ahead->n > 0 ? r->ahead->events[0].created_at : 0,
 				   0, 1);
 }

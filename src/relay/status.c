@@ -172,26 +172,43 @@ static const char *const backlog_sql =
 "  AND e.id OPERATOR(pg_catalog.<=) COALESCE(p.batch_last_id, 0))";
 
 /*
+ * OutboxRelayCountBacklog
+ *		The backlog and its oldest event's creation time (0: none) counted
+ *		in outbox.events, for status() when no relay runs and for a relay
+ *		starting, which knows nothing else before it reads a page.  Inside
+ *		a transaction.
+ */
+void
+OutboxRelayCountBacklog(int64 *backlog, TimestampTz *oldest)
+{
+	bool		isnull;
+	Datum		d;
+
+	*backlog = 0;
+	*oldest = 0;
+	SPI_connect();
+	if (SPI_execute(backlog_sql, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not count the backlog");
+	if (SPI_processed == 1)
+	{
+		*backlog = DatumGetInt64(OutboxSpiValue(1, &isnull));
+		d = OutboxSpiValue(2, &isnull);
+		*oldest = isnull ? 0 : DatumGetTimestampTz(d);
+	}
+	SPI_finish();
+}
+
+/*
  * count_backlog_from_log
  *		No relay runs: the backlog and oldest age from outbox.events.
  */
 static void
 count_backlog_from_log(OutboxStatusSnapshot *snap, TimestampTz now)
 {
-	bool		isnull;
-	Datum		d;
+	TimestampTz oldest;
 
-	SPI_connect();
-	if (SPI_execute(backlog_sql, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not count the backlog");
-	if (SPI_processed == 1)
-	{
-		snap->backlog = DatumGetInt64(OutboxSpiValue(1, &isnull));
-		d = OutboxSpiValue(2, &isnull);
-		snap->oldest_age = isnull ? -1 :
-			(double) (now - DatumGetTimestampTz(d)) / USECS_PER_SEC;
-	}
-	SPI_finish();
+	OutboxRelayCountBacklog(&snap->backlog, &oldest);
+	snap->oldest_age = oldest == 0 ? -1 : (double) (now - oldest) / USECS_PER_SEC;
 }
 
 /*

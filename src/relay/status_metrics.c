@@ -79,7 +79,7 @@ metric_backpressure(StringInfo buf, const char *labels, const OutboxSlotView *s)
 		   "Seconds before the oldest event reaches outbox.max_backlog_age (no sample without a limit).",
 		   outbox_max_backlog_age > 0 ? psprintf("%.3f", Max(outbox_max_backlog_age - age, 0)) : NULL);
 	metric(buf, labels, "outbox_emit_refused_total", "counter",
-		   "Events emit() refused for the backlog's limits since the server started.",
+		   "Events emit() refused for the backlog's limits since the relay's slot was assigned.",
 		   u64(s->emit_refused));
 	metric(buf, labels, "outbox_emit_refusing", "gauge",
 		   "1 while emit() refuses events for the backlog's limits.",

@@ -31,17 +31,19 @@
  *	  the slot.
  *	- Who writes what: committing backends add to committed_events and
  *	  set replay_pending, check_extension and, at the first commit into an
- *	  empty backlog, oldest_pending; commands needing a database to
- *	  themselves set hold_until; the launcher assigns, resets and frees
- *	  slots; the attached relay writes everything else.
+ *	  empty backlog, oldest_pending; emitters, with a backlog limit set,
+ *	  count refusals and set or clear refusing; commands needing a
+ *	  database to themselves set hold_until; the launcher assigns, resets
+ *	  and frees slots; the attached relay writes everything else.
  *	- Liveness is never judged by kill(pid, 0), which a reused pid fools.
  *	  A relay clears its pid when it exits (before_shmem_exit, so also on
  *	  ERROR), so a non-zero pid names a live relay; a crash of any backend
  *	  resets shared memory, so no pid survives one.  A relay is signalled
  *	  only under the exclusive LWLock, which it needs to clear its pid, so
  *	  the signal cannot reach a process that has reused the pid.
- *	- A committing backend takes the LWLock shared and one spinlock, sets
- *	  the relay's latch after releasing both, and waits for nothing else.
+ *	- A committing backend (and, with a backlog limit set, an emitting
+ *	  one) takes the LWLock shared and one spinlock, sets the relay's
+ *	  latch after releasing both, and waits for nothing else.
  *
  * Nothing here runs SQL or talks to Kafka.
  *
@@ -282,11 +284,7 @@ OutboxWakeRelay(Oid dboid, bool replay, int events)
 	tell_relay(dboid, replay, events, false);
 }
 
-/*
- * slot_backlog
- *		The slot's backlog as of now: the open batch's remainder plus what
- *		committed since.  The caller holds slot->mutex.
- */
+/* the backlog as of now: the batch's remainder and what committed since (under slot->mutex) */
 static int64
 slot_backlog(const OutboxSlot *slot)
 {
@@ -296,20 +294,20 @@ slot_backlog(const OutboxSlot *slot)
 
 /*
  * OutboxSlotRefuses
- *		emit()'s backpressure: whether dboid's backlog (as its relay last
- *		said) is past the limits at now (OutboxBacklogOverLimits); if so the
- *		refusal is counted, and *first says whether refusing starts with it
- *		(the relay says when it ends).  *backlog and *oldest get the
- *		figures.  False when dboid has no slot: no relay knows its backlog.
+ *		emit(): whether dboid's backlog, as its relay last said (*backlog,
+ *		*oldest), is past the limits at now; a refusal is counted, *first if
+ *		refusing starts.  It ends under 90% of them (OutboxBacklogRelieved),
+ *		found by the relay's report or here (*ended).  False without a slot.
  */
 bool
 OutboxSlotRefuses(Oid dboid, TimestampTz now, int64 *backlog, TimestampTz *oldest,
-				  bool *first)
+				  bool *first, bool *ended)
 {
 	OutboxSlot *slot;
 	bool		refuse = false;
 
 	*first = false;
+	*ended = false;
 	if (outbox_shared == NULL)
 		return false;
 	LWLockAcquire(outbox_shared->lock, LW_SHARED);
@@ -325,6 +323,12 @@ OutboxSlotRefuses(Oid dboid, TimestampTz now, int64 *backlog, TimestampTz *oldes
 			slot->v.emit_refused++;
 			*first = !slot->v.refusing;
 			slot->v.refusing = true;
+		}
+		else if (slot->v.refusing && OutboxBacklogRelieved(*backlog, *oldest, now))
+		{
+			/* the relay reports nothing while paused or unable to read */
+			slot->v.refusing = false;
+			*ended = true;
 		}
 		SpinLockRelease(&slot->mutex);
 	}
@@ -778,8 +782,8 @@ OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 	if (r->set_backlog)
 		set_backlog(slot, r->batch_opened, r->batch_remaining,
 					r->oldest_pending, r->page_size);
-	if (slot->v.refusing && !OutboxBacklogOverLimits(slot_backlog(slot),
-													 slot->v.oldest_pending, now))
+	if (slot->v.refusing && OutboxBacklogRelieved(slot_backlog(slot),
+												  slot->v.oldest_pending, now))
 	{
 		slot->v.refusing = false;
 		relieved = slot_backlog(slot);
@@ -788,6 +792,6 @@ OutboxSlotReportRound(OutboxSlot *slot, const OutboxRoundReport *r)
 	if (relieved >= 0)
 		ereport(LOG,
 				(errmsg("outbox: emit() accepts events again: the backlog is " INT64_FORMAT
-						" events, under outbox.max_backlog and outbox.max_backlog_age",
+						" events, under 90%% of outbox.max_backlog and outbox.max_backlog_age",
 						relieved)));
 }

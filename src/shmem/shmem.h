@@ -118,7 +118,7 @@ extern void OutboxWakeRelay(Oid dboid, bool replay, int events);
 extern void OutboxRequestExtensionCheck(Oid dboid);
 extern void OutboxHoldDatabase(Oid dboid, int hold_ms);
 extern bool OutboxSlotRefuses(Oid dboid, TimestampTz now, int64 *backlog,
-							  TimestampTz *oldest, bool *first);
+							  TimestampTz *oldest, bool *first, bool *ended);
 
 /* the launcher */
 extern void OutboxSetNoWorker(bool short_of_workers);

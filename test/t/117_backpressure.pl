@@ -5,7 +5,8 @@
 # started; metrics() and health() show the limits, the headroom and the
 # refusals.  Publishing resumed, the relay drains, says refusing ended, and
 # emit() accepts again.  The age limit does the same by the oldest
-# event's age.  Only a superuser sets either.
+# event's age.  A relay restarted with a backlog counts it before it reads.
+# No session sets either limit (sighup).
 
 use strict;
 use warnings;
@@ -86,6 +87,13 @@ like($node->safe_psql('postgres', q{SELECT status || ': ' || reason FROM outbox.
 	qr/^critical: emit\(\) refuses new events: the backlog is 20 events \(outbox.max_backlog 20\)/,
 	'health() is critical and says why');
 
+# --- a restart during the outage does not forget the backlog
+$node->restart;
+ok(relay_state_is($node, 'postgres', 'paused'), 'restarted, still paused');
+($ret, $out, $err) = emit();
+like($err, qr/outbox backlog is 20 events, at outbox.max_backlog \(20\)/,
+	'the restarted relay counted the backlog before reading: emit() is still refused');
+
 # --- resumed, the relay drains and emit() accepts again
 $log_at = -s $node->logfile;
 set_conf('ALTER SYSTEM SET outbox.enabled = on');
@@ -113,15 +121,17 @@ ok(poll_until($node, 'postgres', 'SELECT status FROM outbox.health()', 'ok', 30)
 ($ret, $out, $err) = emit();
 is($ret, 0, 'and emit() accepts again') or diag($err);
 
-# --- only a superuser sets the limits
+# --- no session lifts the limits: they are postgresql.conf's
 $node->safe_psql('postgres', q{
 CREATE ROLE writer LOGIN;
 GRANT USAGE ON SCHEMA outbox TO writer;
 GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text, text, uuid, integer, timestamptz) TO writer});
 ($ret, $out, $err) = $node->psql('postgres', 'SET outbox.max_backlog = 0', extra_params => [ '-U', 'writer' ]);
-like($err, qr/permission denied to set parameter "outbox.max_backlog"/, 'a writer cannot lift the limit');
+like($err, qr/parameter "outbox.max_backlog" cannot be changed now/, 'a writer cannot lift the limit');
 ($ret, $out, $err) = $node->psql('postgres', 'SET outbox.max_backlog_age = 0', extra_params => [ '-U', 'writer' ]);
-like($err, qr/permission denied to set parameter "outbox.max_backlog_age"/, 'nor the age limit');
+like($err, qr/parameter "outbox.max_backlog_age" cannot be changed now/, 'nor the age limit');
+($ret, $out, $err) = $node->psql('postgres', 'SET outbox.max_backlog = 0');
+like($err, qr/cannot be changed now/, 'nor a superuser session');
 
 $node->stop;
 done_testing();
