@@ -582,3 +582,195 @@ COMMENT ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, u
 
 REVOKE ALL ON FUNCTION outbox.emit_binary(text, text, text, bytea, jsonb, text, text, uuid, integer, timestamptz, text, integer, integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.emit_tombstone(text, text, text, jsonb, text, text, uuid, integer, timestamptz) FROM PUBLIC;
+
+/*
+ * Retention by rotation: the log becomes a ring of six generations, one
+ * partition each (outbox.sql, "The log").  The table as it is, backlog and
+ * all, becomes generation 0 in place: no row moves, nothing is published
+ * again, and ids go on from where they were.  A partition cannot have an
+ * identity of its own, so the new parent takes over the sequence's
+ * position.  Grants and row security policies on the old table stay on
+ * generation 0 only: they are not copied, since an extension script's
+ * grants would become the extension's initial privileges (say so).
+ */
+DO $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+				WHERE c.oid OPERATOR(pg_catalog.=) 'outbox.events'::pg_catalog.regclass
+				  AND (c.relrowsecurity
+					   OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(c.relacl) a
+								   WHERE a.grantee OPERATOR(pg_catalog.<>) c.relowner)))
+	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy p
+				   WHERE p.polrelid OPERATOR(pg_catalog.=) 'outbox.events'::pg_catalog.regclass) THEN
+		RAISE WARNING 'grants and row security on outbox.events were not carried over to the partitioned log'
+			USING HINT = 'Grant them again on outbox.events (docs/upgrading.md).';
+	END IF;
+END
+$$;
+
+DROP FUNCTION outbox_internal.removable_events(timestamptz);
+DROP FUNCTION outbox_internal.delivered_events();
+DROP TRIGGER event_restored ON outbox.events;
+COMMENT ON TABLE outbox.events IS NULL;
+COMMENT ON COLUMN outbox.events.id IS NULL;
+COMMENT ON COLUMN outbox.events.txid IS NULL;
+COMMENT ON COLUMN outbox.events.event_id IS NULL;
+COMMENT ON COLUMN outbox.events.seq IS NULL;
+COMMENT ON COLUMN outbox.events.topic IS NULL;
+COMMENT ON COLUMN outbox.events.key IS NULL;
+COMMENT ON COLUMN outbox.events.payload IS NULL;
+COMMENT ON COLUMN outbox.events.payload_bytes IS NULL;
+COMMENT ON COLUMN outbox.events.content_type IS NULL;
+
+ALTER TABLE outbox.events RENAME TO events_0;
+ALTER SEQUENCE outbox.events_id_seq RENAME TO events_0_id_seq;
+ALTER TABLE outbox.events_0 ADD COLUMN generation smallint NOT NULL DEFAULT 0;
+ALTER TABLE outbox.events_0 DROP CONSTRAINT events_pkey;
+ALTER TABLE outbox.events_0 DROP CONSTRAINT events_event_id_key;
+ALTER TABLE outbox.events_0 ADD CONSTRAINT events_0_pkey PRIMARY KEY (id, generation);
+ALTER TABLE outbox.events_0 ADD CONSTRAINT events_0_event_id_generation_key UNIQUE (event_id, generation);
+ALTER INDEX outbox.events_txid_idx RENAME TO events_0_txid_idx;
+
+CREATE TABLE outbox.events (
+	id				bigint GENERATED ALWAYS AS IDENTITY,
+	txid			pg_catalog.xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+	event_id		uuid NOT NULL,
+	aggregate_type	text NOT NULL,
+	aggregate_id	text NOT NULL,
+	seq				bigint,
+	event_type		text NOT NULL,
+	schema_version	integer NOT NULL DEFAULT 1,
+	topic			text NOT NULL,
+	key				text NOT NULL,
+	payload			jsonb,
+	headers			jsonb,
+	tenant			text,
+	traceparent		text,
+	occurred_at		timestamptz NOT NULL,
+	created_at		timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+	payload_bytes	bytea,
+	content_type	text,
+	generation		smallint NOT NULL DEFAULT 0,
+	PRIMARY KEY (id, generation),
+	UNIQUE (event_id, generation)
+) PARTITION BY LIST (generation);
+CREATE INDEX events_txid_idx ON outbox.events (txid);
+SELECT pg_catalog.setval('outbox.events_id_seq', s.last_value, s.is_called)
+  FROM outbox.events_0_id_seq s;
+ALTER EXTENSION outbox DROP SEQUENCE outbox.events_0_id_seq;
+ALTER TABLE outbox.events_0 ALTER COLUMN id DROP IDENTITY;
+ALTER TABLE outbox.events ATTACH PARTITION outbox.events_0 FOR VALUES IN (0);
+CREATE TABLE outbox.events_1 PARTITION OF outbox.events FOR VALUES IN (1);
+CREATE TABLE outbox.events_2 PARTITION OF outbox.events FOR VALUES IN (2);
+CREATE TABLE outbox.events_3 PARTITION OF outbox.events FOR VALUES IN (3);
+CREATE TABLE outbox.events_4 PARTITION OF outbox.events FOR VALUES IN (4);
+CREATE TABLE outbox.events_5 PARTITION OF outbox.events FOR VALUES IN (5);
+CREATE TRIGGER event_restored BEFORE INSERT ON outbox.events
+	FOR EACH ROW WHEN (NEW.txid OPERATOR(pg_catalog.<>) pg_catalog.pg_current_xact_id())
+	EXECUTE FUNCTION outbox_internal.event_restored();
+REVOKE ALL ON outbox.events, outbox.events_1, outbox.events_2, outbox.events_3,
+	outbox.events_4, outbox.events_5 FROM PUBLIC;
+
+COMMENT ON TABLE outbox.events IS
+	'Append-only event log: one row per emitted event, published to Kafka after commit';
+COMMENT ON COLUMN outbox.events.id IS 'insertion order; for one aggregate also commit order';
+COMMENT ON COLUMN outbox.events.txid IS 'top-level transaction that emitted the event';
+COMMENT ON COLUMN outbox.events.event_id IS 'stable identity (UUIDv7 unless given); consumers dedupe on it';
+COMMENT ON COLUMN outbox.events.seq IS 'gapless per-aggregate number in commit order (NULL when outbox.aggregate_sequence is off)';
+COMMENT ON COLUMN outbox.events.topic IS 'Kafka topic, resolved at emit';
+COMMENT ON COLUMN outbox.events.key IS 'Kafka message key (default aggregate_id)';
+COMMENT ON COLUMN outbox.events.payload IS 'the value as JSON (emit()); NULL for emit_binary() and emit_tombstone()';
+COMMENT ON COLUMN outbox.events.payload_bytes IS 'the value as bytes, schema-registry frame included (emit_binary()); NULL otherwise';
+COMMENT ON COLUMN outbox.events.content_type IS 'emit_binary()''s content type, sent as the content-type header';
+COMMENT ON COLUMN outbox.events.generation IS 'the generation (partition events_<n>) the row was written in; see outbox.generations';
+
+SELECT pg_catalog.pg_extension_config_dump('outbox.events', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_0', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_1', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_2', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_3', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_4', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_5', '');
+
+CREATE TABLE outbox.generations (
+	generation		smallint PRIMARY KEY CHECK (generation BETWEEN 0 AND 5),
+	state			text NOT NULL CHECK (state IN ('current', 'closed', 'empty')),
+	opened_at		timestamptz,
+	closed_at		timestamptz,
+	emptied_at		timestamptz,
+	waits_for		text
+);
+CREATE UNIQUE INDEX generations_current_idx ON outbox.generations (state)
+	WHERE state OPERATOR(pg_catalog.=) 'current';
+INSERT INTO outbox.generations (generation, state, opened_at)
+SELECT g, CASE WHEN g OPERATOR(pg_catalog.=) 0 THEN 'current' ELSE 'empty' END,
+	   CASE WHEN g OPERATOR(pg_catalog.=) 0 THEN pg_catalog.now() END
+  FROM pg_catalog.generate_series(0, 5) g;
+COMMENT ON TABLE outbox.generations IS
+	'The generations of outbox.events (partitions events_0 to events_5): which one emit() writes into, and why a closed one is not emptied yet';
+COMMENT ON COLUMN outbox.generations.waits_for IS
+	'what keeps a closed generation from being emptied, as the relay last found it; NULL: nothing';
+REVOKE ALL ON outbox.generations FROM PUBLIC;
+
+/*
+ * The functions of the log's row type follow it to the new table; the
+ * view shows the ring.
+ */
+CREATE FUNCTION outbox_internal.delivered_events()
+RETURNS SETOF outbox.events
+LANGUAGE sql STABLE
+AS $$
+	SELECT e.*
+	  FROM outbox.events e, outbox.relay_progress p
+	 WHERE p.relay OPERATOR(pg_catalog.=) 'default'
+	   AND pg_catalog.pg_visible_in_snapshot(e.txid, p.prev_snapshot)
+	   AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+					    WHERE d.event_id OPERATOR(pg_catalog.=) e.event_id
+						  AND d.state OPERATOR(pg_catalog.=) ANY (ARRAY['quarantined', 'parked', 'replaying']))
+	   AND NOT EXISTS (SELECT 1 FROM outbox.held h WHERE h.id OPERATOR(pg_catalog.=) e.id)
+$$;
+COMMENT ON FUNCTION outbox_internal.delivered_events() IS
+	'Internal: the events the relay has delivered that no quarantined, parked or replaying dead letter and no hold keeps';
+
+CREATE FUNCTION outbox_internal.removable_events(cutoff timestamptz)
+RETURNS SETOF outbox.events
+LANGUAGE sql STABLE
+AS $$
+	SELECT e.*
+	  FROM outbox_internal.delivered_events() e
+	 WHERE e.created_at OPERATOR(pg_catalog.<) cutoff
+	   AND NOT EXISTS (SELECT 1 FROM outbox.replay_queue q WHERE q.event_pk OPERATOR(pg_catalog.=) e.id)
+	   AND NOT EXISTS (SELECT 1 FROM outbox.restored_events r WHERE r.id OPERATOR(pg_catalog.=) e.id)
+$$;
+COMMENT ON FUNCTION outbox_internal.removable_events(timestamptz) IS
+	'Internal: the delivered events created before cutoff that nothing needs any more: not held, not queued for replay, not a restored event the relay has not judged';
+REVOKE ALL ON FUNCTION outbox_internal.delivered_events() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_internal.removable_events(timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE VIEW outbox.status AS
+SELECT s.*,
+	   COALESCE(h.held_events, 0) AS held_events,
+	   h.holds,
+	   r.kept_generations,
+	   r.log_waits_for
+  FROM outbox.status() s
+ CROSS JOIN (SELECT pg_catalog.sum(g.events)::bigint AS held_events,
+					pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+						'topic', g.topic, 'partition', g.kafka_partition,
+						'events', g.events, 'since', g.since)
+						ORDER BY g.since, g.topic, g.kafka_partition) AS holds
+			   FROM (SELECT hp.topic, hp.kafka_partition, pg_catalog.count(*) AS events,
+							pg_catalog.min(hp.held_at) AS since
+					   FROM outbox.held hp
+					  GROUP BY hp.topic, hp.kafka_partition) g) h
+ CROSS JOIN (SELECT pg_catalog.count(*) FILTER (WHERE k.state OPERATOR(pg_catalog.=) 'closed') AS kept_generations,
+					(pg_catalog.array_agg(k.waits_for ORDER BY k.closed_at)
+					   FILTER (WHERE k.waits_for IS NOT NULL))[1] AS log_waits_for
+			   FROM outbox.generations k) r;
+COMMENT ON VIEW outbox.status IS
+	'outbox.status() as a view, with the partitions whose events are held and the log''s closed generations';
+COMMENT ON COLUMN outbox.status.kept_generations IS
+	'closed generations of the log not emptied yet (outbox.generations)';
+COMMENT ON COLUMN outbox.status.log_waits_for IS
+	'what keeps the oldest kept generation from being emptied; NULL: nothing';

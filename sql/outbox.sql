@@ -68,11 +68,19 @@ COMMENT ON SCHEMA outbox_internal IS
  * once, see outbox_internal.event_restored()); delivery state lives in
  * outbox.relay_progress.  Every index is paid by every emit: id (paging),
  * event_id (identity), txid (the relay's snapshot batches).
+ *
+ * The log is a ring of six generations, one partition each (events_0 to
+ * events_5; docs/design.md, "The log's generations").  emit() writes into
+ * the current one; the relay opens the next when the current one is old
+ * enough, and empties a closed one with TRUNCATE once every row in it is
+ * delivered and past outbox.retention, never with DELETE.  The keys hold
+ * within a partition; id is drawn from one sequence, and emit() checks a
+ * given event_id against every generation (emit/emit_generation.c).
  */
 CREATE TABLE outbox.events (
-	id				bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id				bigint GENERATED ALWAYS AS IDENTITY,
 	txid			pg_catalog.xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
-	event_id		uuid NOT NULL UNIQUE,
+	event_id		uuid NOT NULL,
 	aggregate_type	text NOT NULL,
 	aggregate_id	text NOT NULL,
 	seq				bigint,
@@ -87,9 +95,18 @@ CREATE TABLE outbox.events (
 	occurred_at		timestamptz NOT NULL,
 	created_at		timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	payload_bytes	bytea,
-	content_type	text
-);
+	content_type	text,
+	generation		smallint NOT NULL DEFAULT 0,
+	PRIMARY KEY (id, generation),
+	UNIQUE (event_id, generation)
+) PARTITION BY LIST (generation);
 CREATE INDEX events_txid_idx ON outbox.events (txid);
+CREATE TABLE outbox.events_0 PARTITION OF outbox.events FOR VALUES IN (0);
+CREATE TABLE outbox.events_1 PARTITION OF outbox.events FOR VALUES IN (1);
+CREATE TABLE outbox.events_2 PARTITION OF outbox.events FOR VALUES IN (2);
+CREATE TABLE outbox.events_3 PARTITION OF outbox.events FOR VALUES IN (3);
+CREATE TABLE outbox.events_4 PARTITION OF outbox.events FOR VALUES IN (4);
+CREATE TABLE outbox.events_5 PARTITION OF outbox.events FOR VALUES IN (5);
 
 COMMENT ON TABLE outbox.events IS
 	'Append-only event log: one row per emitted event, published to Kafka after commit';
@@ -102,6 +119,34 @@ COMMENT ON COLUMN outbox.events.key IS 'Kafka message key (default aggregate_id)
 COMMENT ON COLUMN outbox.events.payload IS 'the value as JSON (emit()); NULL for emit_binary() and emit_tombstone()';
 COMMENT ON COLUMN outbox.events.payload_bytes IS 'the value as bytes, schema-registry frame included (emit_binary()); NULL otherwise';
 COMMENT ON COLUMN outbox.events.content_type IS 'emit_binary()''s content type, sent as the content-type header';
+COMMENT ON COLUMN outbox.events.generation IS 'the generation (partition events_<n>) the row was written in; see outbox.generations';
+
+/*
+ * The ring's state, kept by the relay.  current: the generation emit()
+ * writes into; closed: written no more, emptied once every row in it is
+ * delivered and past outbox.retention; empty: ready to be opened.  Not
+ * dumped: a restore starts a fresh ring, and the relay counts any restored
+ * rows in a generation marked empty as closed now.
+ */
+CREATE TABLE outbox.generations (
+	generation		smallint PRIMARY KEY CHECK (generation BETWEEN 0 AND 5),
+	state			text NOT NULL CHECK (state IN ('current', 'closed', 'empty')),
+	opened_at		timestamptz,
+	closed_at		timestamptz,
+	emptied_at		timestamptz,
+	waits_for		text
+);
+CREATE UNIQUE INDEX generations_current_idx ON outbox.generations (state)
+	WHERE state OPERATOR(pg_catalog.=) 'current';
+INSERT INTO outbox.generations (generation, state, opened_at)
+SELECT g, CASE WHEN g OPERATOR(pg_catalog.=) 0 THEN 'current' ELSE 'empty' END,
+	   CASE WHEN g OPERATOR(pg_catalog.=) 0 THEN pg_catalog.now() END
+  FROM pg_catalog.generate_series(0, 5) g;
+COMMENT ON TABLE outbox.generations IS
+	'The generations of outbox.events (partitions events_0 to events_5): which one emit() writes into, and why a closed one is not emptied yet';
+COMMENT ON COLUMN outbox.generations.waits_for IS
+	'what keeps a closed generation from being emptied, as the relay last found it; NULL: nothing';
+REVOKE ALL ON outbox.generations FROM PUBLIC;
 
 /*
  * Per-aggregate counters behind seq; the row lock orders emitters.  The
@@ -257,6 +302,12 @@ COMMENT ON TABLE outbox.replay_queue IS
 	'Events queued for publishing again, in position order, with their original event_id';
 
 SELECT pg_catalog.pg_extension_config_dump('outbox.events', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_0', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_1', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_2', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_3', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_4', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_5', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.aggregates', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.relay_progress', '');
@@ -485,7 +536,9 @@ COMMENT ON FUNCTION outbox.status() IS
 CREATE VIEW outbox.status AS
 SELECT s.*,
 	   COALESCE(h.held_events, 0) AS held_events,
-	   h.holds
+	   h.holds,
+	   r.kept_generations,
+	   r.log_waits_for
   FROM outbox.status() s
  CROSS JOIN (SELECT pg_catalog.sum(g.events)::bigint AS held_events,
 					pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
@@ -495,9 +548,17 @@ SELECT s.*,
 			   FROM (SELECT hp.topic, hp.kafka_partition, pg_catalog.count(*) AS events,
 							pg_catalog.min(hp.held_at) AS since
 					   FROM outbox.held hp
-					  GROUP BY hp.topic, hp.kafka_partition) g) h;
+					  GROUP BY hp.topic, hp.kafka_partition) g) h
+ CROSS JOIN (SELECT pg_catalog.count(*) FILTER (WHERE k.state OPERATOR(pg_catalog.=) 'closed') AS kept_generations,
+					(pg_catalog.array_agg(k.waits_for ORDER BY k.closed_at)
+					   FILTER (WHERE k.waits_for IS NOT NULL))[1] AS log_waits_for
+			   FROM outbox.generations k) r;
 COMMENT ON VIEW outbox.status IS
-	'outbox.status() as a view, with the partitions whose events are held';
+	'outbox.status() as a view, with the partitions whose events are held and the log''s closed generations';
+COMMENT ON COLUMN outbox.status.kept_generations IS
+	'closed generations of the log not emptied yet (outbox.generations)';
+COMMENT ON COLUMN outbox.status.log_waits_for IS
+	'what keeps the oldest kept generation from being emptied; NULL: nothing';
 
 CREATE FUNCTION outbox.metrics()
 RETURNS text
