@@ -54,6 +54,14 @@
 #define OUTBOX_HOLD_AFTER_DEFAULT	1000
 #define OUTBOX_MAX_ATTEMPTS_LIMIT	1000
 #define OUTBOX_RETENTION_DEFAULT	(7 * 24 * 3600)
+
+/*
+ * The log's generations: outbox.events_0 .. events_<N-1>, a ring (see
+ * outbox.sql, "The log"); the name of generation g's partition is
+ * "events_<g>".
+ */
+#define OUTBOX_GENERATIONS			6
+#define OUTBOX_GENERATION_NAME_LEN	16
 /* the inbox's dedupe window: under a minute, duplicates still in flight would be consumed again */
 #define OUTBOX_INBOX_RETENTION_DEFAULT (30 * 24 * 3600)
 #define OUTBOX_INBOX_RETENTION_MIN	60

@@ -48,7 +48,9 @@ typedef enum OutboxEmitTable
 {
 	OUTBOX_EMIT_EVENTS,			/* outbox.events */
 	OUTBOX_EMIT_AGGREGATES,		/* outbox.aggregates */
-	OUTBOX_EMIT_NTABLES
+	OUTBOX_EMIT_GENERATION_0,	/* outbox.events_0, the first generation's
+								 * partition; the others follow */
+	OUTBOX_EMIT_NTABLES = OUTBOX_EMIT_GENERATION_0 + OUTBOX_GENERATIONS
 } OutboxEmitTable;
 
 extern Relation OutboxEmitOpenTable(OutboxEmitTable which);
@@ -57,6 +59,10 @@ extern uint64 OutboxEmitTableStamp(void);
 extern void OutboxEmitTableJudged(OutboxEmitTable which, Relation rel,
 								  uint64 stamp);
 extern bool OutboxEmitPlainIndexes(Relation rel);
+
+/* emit_generation.c: the log's generation emit() writes into */
+extern int	OutboxEmitGeneration(void);
+extern void OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id);
 
 /* emit_uuid.c: event ids */
 extern void OutboxGenerateUuidV7(pg_uuid_t *uuid);

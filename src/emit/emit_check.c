@@ -367,7 +367,8 @@ OutboxEmitCheckEnvelope(FunctionCallInfo fcinfo, OutboxEmitRow *row)
 				 errmsg("schema_version must be at least 1, not %d",
 						row->event.schema_version)));
 
-	if (!PG_ARGISNULL(emit_arg(row, 7)))
+	row->event_id_given = !PG_ARGISNULL(emit_arg(row, 7));
+	if (row->event_id_given)
 		row->event_id = PG_GETARG_UUID_P(emit_arg(row, 7));
 	else
 	{

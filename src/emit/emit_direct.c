@@ -8,10 +8,12 @@
  * Invariants:
  *	- The event row is written without an INSERT statement (insert_direct:
  *	  the heap tuple and its index entries, as the INSERT would write them)
- *	  while outbox.events is the table emit() knows; one a superuser has
- *	  changed (a trigger, constraint, column, type or default) gets the
- *	  INSERT (direct_table).
- *	- The statement's parameters ($1..$15) are numbered here only: the
+ *	  into the current generation's partition while outbox.events and that
+ *	  partition are the tables emit() knows; one a superuser has changed (a
+ *	  trigger, constraint, column, type, default or bound) gets the INSERT
+ *	  (direct_table, direct_partition).  Both write the generation
+ *	  emit_generation.c names, after its check of a given event id.
+ *	- The statement's parameters ($1..$16) are numbered here only: the
  *	  INSERT's text, the direct insert's columns (event_columns) and the
  *	  row's values (row_values) agree on them in this file.
  *	- The INSERT runs with search_path pinned (OutboxPinSearchPath); the
@@ -24,6 +26,8 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/partition.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
@@ -34,7 +38,9 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/partcache.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 #include "utils/xid8.h"
@@ -46,27 +52,31 @@
 
 /*
  * The event insert's parameters: $1..$12 and $14..$15 are the event's, $13
- * its seq (NULL with the sequence off); the direct insert takes the same
- * array.
+ * its seq (NULL with the sequence off), $16 its generation (NULL for a log
+ * before 1.8, not partitioned); the direct insert takes the same array.
  */
-#define EMIT_NARGS 15
+#define EMIT_NARGS 16
 #define EMIT_PARAM_SEQ 12
+#define EMIT_PARAM_GENERATION 15
 
 /*
  * The event row when the direct insert cannot take it (direct_table); [1]
- * for a table before 1.8, without payload_bytes and content_type, where
- * only emit() exists to call this ($14 and $15 stay unused and null).
+ * for a table before 1.8, without payload_bytes, content_type and
+ * generation, where only emit() exists to call this ($14 to $16 stay
+ * unused and null).
  */
 static const char *const event_insert_sql[2] = {
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
-	" traceparent, occurred_at, payload_bytes, content_type)"
-	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15)",
+	" traceparent, occurred_at, payload_bytes, content_type, generation)"
+	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15,"
+	" pg_catalog.coalesce($16, 0))",
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
 	" traceparent, occurred_at)"
 	" SELECT $1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12"
-	" WHERE $14::pg_catalog.bytea IS NULL AND $15::pg_catalog.text IS NULL",
+	" WHERE $14::pg_catalog.bytea IS NULL AND $15::pg_catalog.text IS NULL"
+	" AND $16::pg_catalog.int2 IS NULL",
 };
 
 static SPIPlanPtr event_insert_plan[2];
@@ -154,7 +164,8 @@ typedef enum EventColumn
 	COL_ID, COL_TXID, COL_EVENT_ID, COL_AGGREGATE_TYPE, COL_AGGREGATE_ID,
 	COL_SEQ, COL_EVENT_TYPE, COL_SCHEMA_VERSION, COL_TOPIC, COL_KEY,
 	COL_PAYLOAD, COL_HEADERS, COL_TENANT, COL_TRACEPARENT, COL_OCCURRED_AT,
-	COL_CREATED_AT, COL_PAYLOAD_BYTES, COL_CONTENT_TYPE, EVENT_COLUMN_COUNT
+	COL_CREATED_AT, COL_PAYLOAD_BYTES, COL_CONTENT_TYPE, COL_GENERATION,
+	EVENT_COLUMN_COUNT
 } EventColumn;
 
 typedef struct EventColumnSpec
@@ -187,6 +198,7 @@ static const EventColumnSpec event_columns[EVENT_COLUMN_COUNT] = {
 	[COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID, -1, false},
 	[COL_PAYLOAD_BYTES] = {"payload_bytes", BYTEAOID, 13, true, true},
 	[COL_CONTENT_TYPE] = {"content_type", TEXTOID, 14, true, true},
+	[COL_GENERATION] = {"generation", INT2OID, EMIT_PARAM_GENERATION, false, true},
 };
 
 /* what direct_table() found outbox.events to be, for its relcache state */
@@ -195,6 +207,8 @@ typedef struct DirectTable
 	bool		direct;			/* the direct insert can take it */
 	bool		before_1_8;		/* no payload_bytes, content_type (only
 								 * emit() exists to write it) */
+	bool		partitioned;	/* by generation: rows go into a partition,
+								 * judged apart (direct_partition) */
 	Oid			id_seq;			/* the identity sequence of id */
 	AttrNumber	attnum[EVENT_COLUMN_COUNT];
 } DirectTable;
@@ -213,19 +227,17 @@ default_calls(Relation rel, AttrNumber attnum, Oid funcid)
 }
 
 /*
- * direct_table_check
- *		Into t: whether rel is the table the direct insert knows, and where
- *		its columns are; NULL, or why not.
+ * shape_check
+ *		Into t: whether rel, outbox.events or one of its partitions, has the
+ *		columns, constraints, triggers and indexes the direct insert knows,
+ *		and where its columns are; NULL, or why not.
  */
 static const char *
-direct_table_check(Relation rel, DirectTable *t)
+shape_check(Relation rel, DirectTable *t)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	Node	   *def;
 
 	memset(t, 0, sizeof(*t));
-	if (rel->rd_rel->relkind != RELKIND_RELATION)
-		return "it is not a plain table";
 	if (rel->rd_rel->relrowsecurity && rel->rd_rel->relforcerowsecurity)
 		return "it forces row security";
 	if (desc->constr != NULL && desc->constr->num_check > 0)
@@ -270,6 +282,36 @@ direct_table_check(Relation rel, DirectTable *t)
 			return "a column is missing";
 	if (!OutboxEmitPlainIndexes(rel))
 		return "an index is not a plain btree on columns";
+	return NULL;
+}
+
+/*
+ * direct_table_check
+ *		Into t: whether rel is the table the direct insert knows (a plain
+ *		table before 1.8; partitioned by generation since), and where its
+ *		columns are; NULL, or why not.
+ */
+static const char *
+direct_table_check(Relation rel, DirectTable *t)
+{
+	const char *why_not = shape_check(rel, t);
+	Node	   *def;
+
+	if (why_not != NULL)
+		return why_not;
+	t->partitioned = (rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE);
+	if (t->partitioned)
+	{
+		PartitionKey key = RelationGetPartitionKey(rel);
+
+		if (key->strategy != PARTITION_STRATEGY_LIST || key->partnatts != 1 ||
+			key->partattrs[0] != t->attnum[COL_GENERATION])
+			return "it is not partitioned by generation";
+	}
+	else if (rel->rd_rel->relkind != RELKIND_RELATION)
+		return "it is not a plain table";
+	else if (t->attnum[COL_GENERATION] != InvalidAttrNumber)
+		return "it is not partitioned";
 	def = build_column_default(rel, t->attnum[COL_ID]);
 	if (def == NULL || !IsA(def, NextValueExpr))
 		return "id is not an identity column";
@@ -314,9 +356,92 @@ direct_table(Relation rel, DirectTable *out)
 	return t.direct;
 }
 
+/* whether partition rel's bound is the one value generation */
+static bool
+bound_is(Relation rel, int generation)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(RelationGetRelid(rel)));
+	PartitionBoundSpec *spec = NULL;
+	bool		isnull;
+	Datum		bound;
+	Const	   *value;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	bound = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relpartbound, &isnull);
+	if (!isnull)
+		spec = (PartitionBoundSpec *) stringToNode(TextDatumGetCString(bound));
+	ReleaseSysCache(tup);
+	if (spec == NULL || spec->strategy != PARTITION_STRATEGY_LIST ||
+		spec->is_default || list_length(spec->listdatums) != 1)
+		return false;
+	value = linitial_node(Const, spec->listdatums);
+	return !value->constisnull && value->consttype == INT2OID &&
+		DatumGetInt16(value->constvalue) == generation;
+}
+
+/*
+ * direct_partition_check
+ *		Into t: whether rel is generation's partition of parent (judged as
+ *		pt) as the direct insert knows it, and where its columns are; NULL,
+ *		or why not.  Its defaults do not matter: the row comes with every
+ *		value, as parent's defaults make them.
+ */
+static const char *
+direct_partition_check(Relation rel, int generation, Relation parent,
+					   const DirectTable *pt, DirectTable *t)
+{
+	const char *why_not;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION || !rel->rd_rel->relispartition ||
+		get_partition_parent(RelationGetRelid(rel), true) != RelationGetRelid(parent))
+		return "it is not a plain partition of outbox.events";
+	if (!bound_is(rel, generation))
+		return "it does not hold its generation";
+	why_not = shape_check(rel, t);
+	if (why_not != NULL)
+		return why_not;
+	if (t->before_1_8 || t->attnum[COL_GENERATION] == InvalidAttrNumber)
+		return "a column is missing";
+	t->id_seq = pt->id_seq;
+	t->direct = true;
+	return NULL;
+}
+
+static DirectTable partition_cache[OUTBOX_GENERATIONS];
+
+/*
+ * direct_partition
+ *		As direct_table(), for rel, generation's partition of parent.
+ */
+static bool
+direct_partition(Relation rel, int generation, Relation parent,
+				 const DirectTable *pt, DirectTable *out)
+{
+	OutboxEmitTable which = OUTBOX_EMIT_GENERATION_0 + generation;
+	DirectTable t;
+	uint64		stamp;
+	const char *why_not;
+
+	if (OutboxEmitTableKnown(which, rel))
+	{
+		*out = partition_cache[generation];
+		return out->direct;
+	}
+	stamp = OutboxEmitTableStamp();
+	why_not = direct_partition_check(rel, generation, parent, pt, &t);
+	if (why_not != NULL)
+		elog(DEBUG1, "outbox.emit() writes outbox.events_%d through an INSERT statement: %s",
+			 generation, why_not);
+	partition_cache[generation] = t;
+	OutboxEmitTableJudged(which, rel, stamp);
+	*out = t;
+	return t.direct;
+}
+
 /*
  * insert_direct
- *		Insert the event row of parameters values/nulls (the INSERT's $1..$15)
+ *		Insert the event row of parameters values/nulls (the INSERT's $1..$16)
  *		into rel as the INSERT would; t is rel's direct_table().
  */
 static void
@@ -369,39 +494,22 @@ insert_direct(Relation rel, const DirectTable *t, Datum *values, char *nulls)
 }
 
 /*
- * OutboxEmitInsert
- *		Insert row into outbox.events, with its seq when row->event.has_seq,
- *		directly or, when the table is not the one the direct insert knows,
- *		by the INSERT statement.  The caller is connected to SPI.
+ * insert_statement
+ *		Insert the event row of parameters values/nulls by the INSERT
+ *		statement, into rel's shape: [1] a table before 1.8.
  */
-void
-OutboxEmitInsert(OutboxEmitRow *row)
+static void
+insert_statement(Relation rel, Datum *values, char *nulls)
 {
-	Datum		values[EMIT_NARGS];
-	char		nulls[EMIT_NARGS];
-	Relation	rel;
-	DirectTable t;
+	bool		old_table = (get_attnum(RelationGetRelid(rel), "payload_bytes") == InvalidAttrNumber);
+	int			level = OutboxPinSearchPath();
 	int			rc;
-	int			level;
-	bool		old_table;
 
-	row_values(row, values, nulls);
-	rel = OutboxEmitOpenTable(OUTBOX_EMIT_EVENTS);
-	if (direct_table(rel, &t))
-	{
-		insert_direct(rel, &t, values, nulls);
-		table_close(rel, NoLock);
-		return;
-	}
-	old_table = (get_attnum(RelationGetRelid(rel), "payload_bytes") == InvalidAttrNumber);
-	table_close(rel, NoLock);
-
-	level = OutboxPinSearchPath();
 	if (event_insert_plan[old_table] == NULL)
 	{
 		Oid			argtypes[EMIT_NARGS] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 			INT4OID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID,
-		TIMESTAMPTZOID, INT8OID, BYTEAOID, TEXTOID};
+		TIMESTAMPTZOID, INT8OID, BYTEAOID, TEXTOID, INT2OID};
 
 		event_insert_plan[old_table] = OutboxSpiPrepare(event_insert_sql[old_table],
 														EMIT_NARGS, argtypes,
@@ -412,4 +520,52 @@ OutboxEmitInsert(OutboxEmitRow *row)
 		elog(ERROR, "outbox insert returned %s with %llu rows",
 			 SPI_result_code_string(rc), (unsigned long long) SPI_processed);
 	OutboxUnpinSearchPath(level);
+}
+
+/*
+ * OutboxEmitInsert
+ *		Insert row into outbox.events, with its seq when row->event.has_seq,
+ *		into the current generation's partition, directly or, when the
+ *		table is not the one the direct insert knows, by the INSERT
+ *		statement.  A given event id is checked against every generation
+ *		first (emit_generation.c).  The caller is connected to SPI.
+ */
+void
+OutboxEmitInsert(OutboxEmitRow *row)
+{
+	Datum		values[EMIT_NARGS];
+	char		nulls[EMIT_NARGS];
+	Relation	rel;
+	DirectTable t;
+	bool		direct;
+	int			generation = 0;
+
+	row_values(row, values, nulls);
+	rel = OutboxEmitOpenTable(OUTBOX_EMIT_EVENTS);
+	direct = direct_table(rel, &t);
+	if (rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
+	{
+		generation = OutboxEmitGeneration();
+		values[EMIT_PARAM_GENERATION] = Int16GetDatum(generation);
+		if (row->event_id_given)
+			OutboxEmitCheckEventId(rel, row->event_id);
+	}
+	else
+		nulls[EMIT_PARAM_GENERATION] = 'n';
+
+	if (direct && t.partitioned)
+	{
+		Relation	part = OutboxEmitOpenTable(OUTBOX_EMIT_GENERATION_0 + generation);
+		DirectTable pt;
+
+		direct = direct_partition(part, generation, rel, &t, &pt);
+		if (direct)
+			insert_direct(part, &pt, values, nulls);
+		table_close(part, NoLock);
+	}
+	else if (direct)
+		insert_direct(rel, &t, values, nulls);
+	if (!direct)
+		insert_statement(rel, values, nulls);
+	table_close(rel, NoLock);
 }

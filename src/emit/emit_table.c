@@ -56,6 +56,12 @@ typedef struct EmitTable
 static EmitTable emit_tables[OUTBOX_EMIT_NTABLES] = {
 	[OUTBOX_EMIT_EVENTS] = {"events", InvalidOid, InvalidOid},
 	[OUTBOX_EMIT_AGGREGATES] = {"aggregates", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0] = {"events_0", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0 + 1] = {"events_1", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0 + 2] = {"events_2", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0 + 3] = {"events_3", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0 + 4] = {"events_4", InvalidOid, InvalidOid},
+	[OUTBOX_EMIT_GENERATION_0 + 5] = {"events_5", InvalidOid, InvalidOid},
 };
 
 static uint64 invalidations = 0;

@@ -157,6 +157,7 @@ typedef struct OutboxEmitRow
 	char	   *topic;
 	text	   *key;			/* the aggregate id when none was given */
 	pg_uuid_t  *event_id;
+	bool		event_id_given;	/* by the caller, not drawn by emit() */
 	TimestampTz occurred_at;
 	OutboxEvent event;
 } OutboxEmitRow;
