@@ -134,7 +134,8 @@ CREATE TABLE outbox.generations (
 	opened_at		timestamptz,
 	closed_at		timestamptz,
 	emptied_at		timestamptz,
-	waits_for		text
+	waits_for		text,
+	moved_by		pg_catalog.xid8
 );
 CREATE UNIQUE INDEX generations_current_idx ON outbox.generations (state)
 	WHERE state OPERATOR(pg_catalog.=) 'current';
@@ -146,6 +147,8 @@ COMMENT ON TABLE outbox.generations IS
 	'The generations of outbox.events (partitions events_0 to events_5): which one emit() writes into, and why a closed one is not emptied yet';
 COMMENT ON COLUMN outbox.generations.waits_for IS
 	'what keeps a closed generation from being emptied, as the relay last found it; NULL: nothing';
+COMMENT ON COLUMN outbox.generations.moved_by IS
+	'the transaction that moved the rows still needed (dead letters, holds, replays) out of a closed generation into the current one; the generation is emptied once no snapshot older than its end remains';
 REVOKE ALL ON outbox.generations FROM PUBLIC;
 
 /*

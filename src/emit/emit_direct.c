@@ -70,7 +70,7 @@ static const char *const event_insert_sql[2] = {
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
 	" traceparent, occurred_at, payload_bytes, content_type, generation)"
 	" VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15,"
-	" pg_catalog.coalesce($16, 0))",
+	" COALESCE($16, 0))",
 	"INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, seq,"
 	" event_type, schema_version, topic, key, payload, headers, tenant,"
 	" traceparent, occurred_at)"

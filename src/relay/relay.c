@@ -223,8 +223,7 @@ wait_until(Relay *r, uint32 wait_event)
 /*
  * enter_back_off
  *		Wait before trying again (then go to next): exponential between
- *		outbox.retry_backoff_min and outbox.retry_backoff_max, with full
- *		jitter.  Commits do not cut it short; shutdown does.
+ *		outbox.retry_backoff_min and _max, full jitter; shutdown cuts it short.
  */
 static RelayStep
 enter_back_off(Relay *r, RelayStep next)
@@ -289,9 +288,9 @@ enter_paused(Relay *r)
 
 /*
  * step_wait
- *		BACK_OFF, IDLE and PAUSED: wait until r->wait_until; a commit (the
- *		latch) cuts short an idle or paused wait, not a backoff.  The
- *		producer's events are served meanwhile (relay_wait).
+ *		BACK_OFF, IDLE and PAUSED: wait until r->wait_until (a commit cuts
+ *		an idle or paused wait short), serving the producer's events
+ *		(relay_wait); then a step of the log's ring when one is due.
  */
 static RelayStep
 step_wait(Relay *r)
@@ -301,6 +300,7 @@ step_wait(Relay *r)
 
 	if (wake & RELAY_WAKE_STOP)
 		return RELAY_STEP_STOP;
+	OutboxRelayRotate(r);
 	/* a held partition answered its probe: drain it now */
 	if (r->step == RELAY_STEP_IDLE && OutboxRelayDrainDue(r))
 		return RELAY_STEP_READ;

@@ -213,6 +213,7 @@ OutboxRelayReadPage(Relay *r, RelayPage *pg)
 	pg->drain = NULL;
 	pg->rounds = 0;
 
+	OutboxRelayRotate(r);
 	OutboxRelayBeginTxn("reading events");
 	if (!OutboxStoreExtensionPresent())
 		exit_without_extension(r);
@@ -450,9 +451,11 @@ OutboxRelayAdoptRestored(Relay *r)
 
 /*
  * OutboxRelayCleanup
- *		When idle, delete published events past outbox.retention and inbox
- *		rows past outbox.inbox_retention, a bounded batch of each at a time;
- *		a full batch means more may follow at the next idle moment.
+ *		When idle, turn the log's generations (relay_rotation.c) or, in a
+ *		database before 1.8, delete published events past outbox.retention;
+ *		and delete inbox rows past outbox.inbox_retention; a bounded batch
+ *		of each at a time, a full batch meaning more may follow at the next
+ *		idle moment.
  */
 void
 OutboxRelayCleanup(Relay *r)
@@ -463,6 +466,7 @@ OutboxRelayCleanup(Relay *r)
 	TimestampTz oldest = DT_NOEND;
 	bool		look;
 
+	OutboxRelayRotate(r);
 	if (now < r->next_cleanup)
 		return;
 
@@ -473,9 +477,9 @@ OutboxRelayCleanup(Relay *r)
 	 * nothing can be due, for up to an hour (rows made older meanwhile, by
 	 * a restore or by hand, are found then).
 	 */
-	look = r->events_oldest == 0 ||
+	look = r->log_rotates < 0 && (r->events_oldest == 0 ||
 		now >= TimestampTzPlusMilliseconds(r->events_oldest, (int64) outbox_retention * 1000) ||
-		now >= TimestampTzPlusMilliseconds(r->events_looked_at, RELAY_EVENTS_LOOK_MAX_MS);
+		now >= TimestampTzPlusMilliseconds(r->events_looked_at, RELAY_EVENTS_LOOK_MAX_MS));
 	/* one transaction for both: an idle relay costs no more than before */
 	OutboxRelayBeginTxn("deleting events and inbox rows past retention");
 	deleted = look ? OutboxStoreCleanup(RELAY_CLEANUP_BATCH, &oldest) : 0;

@@ -188,6 +188,16 @@ typedef struct Relay
 	TimestampTz events_looked_at;
 
 	/*
+	 * The log's ring (relay_rotation.c): whether this database's log is
+	 * one (1; -1: not; 0: not looked yet), when the next step is due, and what kept
+	 * the oldest closed generation at the last step ("" for nothing).
+	 */
+	int			log_rotates;
+	TimestampTz next_rotate;
+	int			rotation_retention;	/* outbox.retention at the last step */
+	char		rotation_waits_for[64];
+
+	/*
 	 * The cluster's transaction completion count (compat.h) read just
 	 * before the last look that found no new batch, and before the last
 	 * replay read that found the queue empty.  While it has not moved, no
@@ -324,6 +334,8 @@ extern void OutboxRelayRecordPage(Relay *r, RelayPage *pg);
 extern void OutboxRelayAdoptRestored(Relay *r);
 extern void OutboxRelayCleanup(Relay *r);
 extern void OutboxRelayLoadProgress(Relay *r, Oid dboid);
+/* relay_rotation.c */
+extern void OutboxRelayRotate(Relay *r);
 
 /* relay_producer.c */
 extern void OutboxRelaySetProducer(Relay *r, OutboxProducer *producer);

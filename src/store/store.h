@@ -72,6 +72,21 @@ extern void OutboxStoreFinishReplays(OutboxEvent *events, int n,
 extern int64 OutboxStoreCleanup(int max_events, TimestampTz *oldest);
 extern int64 OutboxStoreInboxCleanup(int max_rows);
 
+/* store_rotation.c: the log's ring of generations */
+typedef struct OutboxRotation
+{
+	TimestampTz next_look;		/* when a step may do something next */
+	int			current;		/* the current generation after the step */
+	bool		opened;			/* the step opened it */
+	bool		emptied_any;	/* the step emptied generation emptied */
+	int			emptied;
+	const char *waits_for;		/* what keeps the oldest closed generation
+								 * past its retention; NULL: nothing */
+} OutboxRotation;
+
+extern bool OutboxStoreLogRotates(void);
+extern void OutboxStoreRotate(int retention, OutboxRotation *out);
+
 /* store_held.c: held partitions */
 typedef struct OutboxHeldPartition
 {
