@@ -39,6 +39,17 @@ it is compared with:
               cluster (test/kafka/apache) and the same Java consumer
               (test/debezium/): emit cost, drain, latency, idle, kill -9,
               a transaction held open, message compatibility
+  retention   (only when asked: --sections=retention) a soak of the log's
+              cleanup: two databases of one server under the same
+              pgbench load at once (2,000 emit() transactions/s each, 20
+              minutes, outbox.retention = 60 s), one at the current
+              version (the log a ring of generations, emptied by
+              TRUNCATE), one created at 1.7 (delivered rows past the
+              retention removed by DELETE); every 10 s the log's size
+              (tables, TOAST, indexes), its dead tuples, rows deleted,
+              emit and drain rates; then the same load for a fifth of the
+              time with outbox.retention = 7 days, the no-cleanup
+              baseline of both (test/bench/bench_retention.py)
 """
 
 import json
@@ -59,6 +70,7 @@ import psycopg2
 
 import benchdoc
 import bench_eos
+import bench_retention
 
 QUICK = "--quick" in sys.argv
 # --sections=emit,drain,latency,idle,held runs a subset; latency without
@@ -195,7 +207,7 @@ def wait_published(conn, target, timeout=1800):
     raise RuntimeError(f"relay did not publish {target} events in {timeout} s")
 
 
-def pgbench(server, script, secs, clients, rate=None):
+def pgbench(server, script, secs, clients, rate=None, db="bench"):
     d = tempfile.mkdtemp(prefix="pgb.", dir=server.dir)
     os.chown(d, PG.pw_uid, PG.pw_gid)
     path = os.path.join(d, "script.sql")
@@ -203,7 +215,7 @@ def pgbench(server, script, secs, clients, rate=None):
         f.write(script)
     args = [f"{BINDIR}/pgbench", "-h", server.dir, "-p", str(server.port), "-U", "postgres",
             "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(secs),
-            "-l", "--log-prefix", os.path.join(d, "lat"), "-f", path, "bench"]
+            "-l", "--log-prefix", os.path.join(d, "lat"), "-f", path, db]
     if rate:
         args[1:1] = ["-R", str(rate)]
     out = run_pg(args).stdout
@@ -1394,6 +1406,9 @@ def server_brokers(conn):
 
 # the Kafka each section publishes to, where not the mock cluster
 KAFKA = {}
+# the charts each section drew, shown beneath its table: (alt text, path
+# from docs/)
+IMAGES = {}
 
 
 def main():
@@ -1445,11 +1460,13 @@ def main():
             section("eos", bench_eos.bench_eos, sys.modules[__name__], server, conn)
         if "debezium" in SECTIONS:
             section("debezium", bench_debezium, server, conn)
+        if "retention" in SECTIONS:
+            section("retention", bench_retention.bench_retention, sys.modules[__name__], server, conn)
     finally:
         server.stop()
         broker.stop()
         if WRITE_DOCS and ran:
-            print(f"written: {benchdoc.write(ROOT, __doc__, facts, ran)}", flush=True)
+            print(f"written: {benchdoc.write(ROOT, __doc__, facts, ran, IMAGES)}", flush=True)
 
 
 if __name__ == "__main__":

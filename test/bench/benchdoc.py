@@ -6,7 +6,8 @@ section, kept between <!-- bench:NAME --> and <!-- /bench:NAME -->.  A run
 replaces the blocks of the sections it ran and keeps the others, so
 sections can be run apart; blocks follow the suite's order of sections.
 A block holds what produced it (command, commit, date, machine, software,
-Kafka) and the rows bench.py's row() printed, in a markdown table.
+Kafka) and the rows bench.py's row() printed, in a markdown table, then
+the charts the section drew (images under docs/img), if any.
 
 Everything that reads the machine or git is in machine(), software() and
 commit(); the rest are pure functions of their arguments (checked by
@@ -100,10 +101,11 @@ def cell(text):
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def block(name, title, facts, rows):
+def block(name, title, facts, rows, images=()):
     """the markdown of one section: facts maps command, commit, date,
     machine, software and kafka to text; rows are row()'s tuples (section
-    label, case, value, unit, ratio, note)"""
+    label, case, value, unit, ratio, note); images are (alt text, path
+    from docs/) pairs, shown beneath the table"""
     lines = [f"<!-- bench:{name} -->", f"## {title}", "",
              f"- command: `{facts['command']}`",
              f"- commit: `{facts['commit']}`",
@@ -116,6 +118,8 @@ def block(name, title, facts, rows):
              "|---|--:|---|--:|---|"]
     for _label, case, value, unit, ratio, note in rows:
         lines.append("| " + " | ".join(cell(x) for x in (case, value, unit, ratio, note)) + " |")
+    for alt, path in images:
+        lines += ["", f"![{alt}]({path})"]
     lines += ["", f"<!-- /bench:{name} -->"]
     return "\n".join(lines) + "\n"
 
@@ -146,9 +150,10 @@ def intro(known):
         "section against a throwaway server and the test broker:",
         "",
         "```sh",
-        "test/bench/run-bench --write-docs                          # every section but debezium, about 15 minutes",
+        "test/bench/run-bench --write-docs                          # every section but eos, debezium and retention, about 15 minutes",
         "test/bench/run-bench --quick --sections=emit --write-docs  # one section, smaller and shorter runs",
         "test/bench/run-bench --sections=debezium --write-docs      # Apache Kafka and Debezium Server (downloads them)",
+        "test/bench/run-bench --sections=retention --write-docs     # the log's cleanup under load, about 25 minutes",
         "```",
         "",
         "`--sections=` takes a comma-separated list; `latency` without `drain`",
@@ -168,9 +173,12 @@ def page(old, known, new_blocks):
     return intro(known) + "".join("\n" + blocks[k] for k in order)
 
 
-def write(root, docstring, facts, ran):
+def write(root, docstring, facts, ran, images=None):
     """rewrites root/docs/benchmarks.md with the sections of ran, a list of
-    (name, kafka, date, rows); facts holds what every section shares"""
+    (name, kafka, date, rows); facts holds what every section shares;
+    images maps a section's name to the charts shown beneath its table
+    (block()'s images)"""
+    images = images or {}
     known = sections(docstring)
     path = os.path.join(root, PAGE)
     old = ""
@@ -178,7 +186,7 @@ def write(root, docstring, facts, ran):
         with open(path) as f:
             old = f.read()
     new = {name: block(name, known.get(name, (name, ""))[0],
-                       dict(facts, kafka=kafka, date=date), rows)
+                       dict(facts, kafka=kafka, date=date), rows, images.get(name, ()))
            for name, kafka, date, rows in ran}
     with open(path, "w") as f:
         f.write(page(old, known, new))

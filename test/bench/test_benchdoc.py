@@ -34,7 +34,8 @@ class Sections(unittest.TestCase):
     def test_every_section_has_its_description(self):
         known = benchdoc.sections(DOC)
         default = re.search(r'\["emit", "drain"[^]]*\]', BENCH).group(0)
-        names = ast.literal_eval(default) + ["debezium"]
+        # and those run only when asked
+        names = ast.literal_eval(default) + ["eos", "debezium", "retention"]
         self.assertEqual(sorted(known), sorted(names))
         self.assertEqual(known["emit"][0], "emit cost")
         self.assertEqual(known["held"][0], "held xmin")
@@ -60,6 +61,18 @@ class Page(unittest.TestCase):
         table = [line for line in text.splitlines() if line.startswith("|")]
         self.assertEqual(len(table), 2 + len(DRAIN))
         self.assertEqual({len(re.split(r"(?<!\\)\|", line)) for line in table}, {7})
+
+    def test_images_beneath_the_table(self):
+        images = [("Size over time", "img/retention-size.png"), ("Dead tuples", "img/retention-dead.png")]
+        text = benchdoc.block("retention", self.known["retention"][0], dict(FACTS, kafka="k", date="d"),
+                              DRAIN, images)
+        last_row = text.index("| outbox vs best baseline")
+        size = text.index("\n\n![Size over time](img/retention-size.png)\n")
+        dead = text.index("\n\n![Dead tuples](img/retention-dead.png)\n")
+        self.assertLess(last_row, size)
+        self.assertLess(size, dead)
+        self.assertTrue(text.endswith("![Dead tuples](img/retention-dead.png)\n\n<!-- /bench:retention -->\n"))
+        self.assertNotIn("![", self.blocks(run("drain", DRAIN))["drain"])
 
     def test_rerun_replaces_its_section_only(self):
         first = benchdoc.page("", self.known, self.blocks(run("drain", DRAIN), run("emit", EMIT)))
@@ -116,11 +129,14 @@ class Machine(unittest.TestCase):
         with tempfile.TemporaryDirectory() as root:
             os.mkdir(os.path.join(root, "docs"))
             benchdoc.write(root, DOC, FACTS, [run("emit", EMIT)])
-            path = benchdoc.write(root, DOC, FACTS, [run("drain", DRAIN)])
+            path = benchdoc.write(root, DOC, FACTS, [run("drain", DRAIN)],
+                                  {"drain": [("a chart", "img/drain.png")], "idle": [("not run", "img/x.png")]})
             with open(path) as f:
                 text = f.read()
             self.assertIn("rounds 0.90..0.95", text)
             self.assertIn("outbox vs best baseline", text)
+            self.assertIn("![a chart](img/drain.png)", text)
+            self.assertNotIn("img/x.png", text)
 
 
 if __name__ == "__main__":
