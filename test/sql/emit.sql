@@ -363,3 +363,34 @@ SELECT 'before', event_type, seq FROM outbox_before.events WHERE aggregate_type 
 ORDER BY 1, 2;
 ROLLBACK;
 SELECT event_type, seq FROM outbox.events WHERE aggregate_type = 'moved' ORDER BY id;
+
+-- the log's generations: emit() writes into the current one's partition,
+-- and sees a change of the current one after a second (the relay makes
+-- them; here, by hand)
+SELECT outbox.emit('gen', '1', 'gen.a', '{}',
+                   event_id => '0190a6f2-0000-7000-8000-0000000000a1') IS NOT NULL AS emitted;
+SELECT tableoid::regclass AS partition, generation FROM outbox.events WHERE aggregate_type = 'gen';
+UPDATE outbox.generations SET state = 'closed', closed_at = now() WHERE generation = 0;
+UPDATE outbox.generations SET state = 'current', opened_at = now() WHERE generation = 1;
+SELECT pg_sleep(1.1);
+SELECT outbox.emit('gen', '1', 'gen.b', '{}') IS NOT NULL AS emitted;
+SELECT event_type, tableoid::regclass AS partition, generation, seq
+  FROM outbox.events WHERE aggregate_type = 'gen' ORDER BY id;
+-- a given event_id is refused whichever generation holds it
+SELECT t.err($$SELECT outbox.emit('gen', '2', 'gen.c', '{}',
+                   event_id => '0190a6f2-0000-7000-8000-0000000000a1')$$);
+-- through the INSERT too (a superuser's trigger on the log)
+CREATE FUNCTION t.noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
+CREATE TRIGGER noop BEFORE INSERT ON outbox.events FOR EACH ROW EXECUTE FUNCTION t.noop();
+SELECT t.err($$SELECT outbox.emit('gen', '2', 'gen.c', '{}',
+                   event_id => '0190a6f2-0000-7000-8000-0000000000a1')$$);
+SELECT outbox.emit('gen', '2', 'gen.d', '{}') IS NOT NULL AS emitted;
+SELECT event_type, tableoid::regclass AS partition FROM outbox.events
+ WHERE aggregate_type = 'gen' AND aggregate_id = '2';
+DROP TRIGGER noop ON outbox.events;
+-- no current generation: a clear error
+UPDATE outbox.generations SET state = 'closed' WHERE generation = 1;
+SELECT pg_sleep(1.1);
+SELECT t.err($$SELECT outbox.emit('gen', '3', 'gen.e', '{}')$$);
+UPDATE outbox.generations SET state = 'empty', closed_at = NULL WHERE generation = 0;
+UPDATE outbox.generations SET state = 'current' WHERE generation = 1;
