@@ -139,7 +139,7 @@ partition_has_event(Oid relid, pg_uuid_t *id, Snapshot snapshot)
 		ScanKeyData key;
 
 		ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_UUID_EQ, UUIDPGetDatum(id));
-		scan = index_beginscan(rel, index, snapshot, 1, 0);
+		scan = OutboxIndexBeginScan(rel, index, snapshot, 1);
 		index_rescan(scan, &key, 1, NULL, 0);
 		found = index_getnext_slot(scan, ForwardScanDirection, slot);
 		index_endscan(scan);
