@@ -56,6 +56,13 @@
 #define ROTATE_LOOK_MAX_MS		60000
 /* the shortest a generation stays current */
 #define ROTATE_MIN_OPEN_MS		1000
+/*
+ * How long after it closes a generation may still take rows: a session
+ * trusts the generation it read for a second (emit_generation.c).  A
+ * generation is due this long after the retention, so that its last rows
+ * are past the retention too.
+ */
+#define ROTATE_LATE_ROWS_MS		1000
 
 /* what a generation waits for once its needed rows moved out: looked at each second */
 #define OLDER_SNAPSHOT			"an older snapshot"
@@ -352,7 +359,8 @@ OutboxStoreRotate(int retention, OutboxRotation *out)
 		}
 
 	oldest = oldest_closed(gens);
-	if (oldest >= 0 && now >= TimestampTzPlusMilliseconds(gens[oldest].closed_at, retention_ms))
+	if (oldest >= 0 && now >= TimestampTzPlusMilliseconds(gens[oldest].closed_at,
+													retention_ms + ROTATE_LATE_ROWS_MS))
 	{
 		out->waits_for = empty_generation(oldest, &gens[oldest], current,
 										  TimestampTzPlusMilliseconds(now, -retention_ms));
@@ -372,7 +380,8 @@ OutboxStoreRotate(int retention, OutboxRotation *out)
 	}
 	if (oldest >= 0 && out->waits_for == NULL)
 		out->next_look = Min(out->next_look,
-							 TimestampTzPlusMilliseconds(gens[oldest].closed_at, retention_ms));
+							 TimestampTzPlusMilliseconds(gens[oldest].closed_at,
+													retention_ms + ROTATE_LATE_ROWS_MS));
 
 	if (gens[next].state == GEN_EMPTY && !gens[next].has_pages &&
 		now >= TimestampTzPlusMilliseconds(gens[current].opened_at, open_ms))

@@ -16,7 +16,10 @@
 #    followed by a table with a row per column, in any order,
 #      | `column` | type | meaning |
 #    of the column's type, and no row for a column that does not exist (a
-#    composite type of the schema may be documented the same way).
+#    composite type of the schema may be documented the same way); the
+#    partitions of outbox.events, which have its columns, under the one
+#    heading
+#      ### `outbox.events_0` … `outbox.events_<last>`
 # The internal schema outbox_internal is not documented there.
 
 use strict;
@@ -174,19 +177,25 @@ my %kind;
 for (rows(q{SELECT c.relname || E'\t' || c.relkind::text || E'\t' || a.attname || E'\t' || a.atttypid::regtype::text
 			  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
 			 WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'c')
-			   AND a.attnum > 0 AND NOT a.attisdropped}))
+			   AND NOT c.relispartition AND a.attnum > 0 AND NOT a.attisdropped}))
 {
 	my ($rel, $kind, $col, $type) = @$_;
 	$kind{$rel} = $kind;
 	$columns{$rel}{$col} = $type;
 }
 
+my $last_partition = $node->safe_psql('postgres',
+	q{SELECT max(c.relname COLLATE "C") FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	   WHERE i.inhparent = 'outbox.events'::regclass});
+my $partitions_heading = 0;
 my (@fheadings, %rheadings, $section);
 for my $line (read_doc('reference.md'))
 {
 	if ($line =~ /^#/)
 	{
 		undef $section;
+		$partitions_heading++
+		  if $line =~ /^###\s+`outbox\.events_0`\s+…\s+`outbox\.\Q$last_partition\E`\s*$/;
 		if ($line =~ /^###\s+`outbox\.(\w+)\((.*)\)`\s*$/)
 		{
 			push @fheadings, { name => $1, args => $2 };
@@ -230,6 +239,9 @@ for my $name (sort keys %functions)
 }
 
 # ---- tables and views: docs/reference.md
+
+is($partitions_heading, 1,
+	"docs/reference.md has one heading for the partitions of outbox.events, outbox.events_0 to outbox.$last_partition");
 
 for my $rel (sort keys %columns)
 {
