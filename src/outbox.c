@@ -442,8 +442,10 @@ define_relay_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.retention",
-							"How long published events stay in outbox.events.",
-							"Older published events are deleted by the relay when it is idle.",
+							"How long a published event stays in outbox.events at least.",
+							"The relay closes a generation of the log every quarter of this and empties it "
+							"with TRUNCATE once this long has passed since it closed and every event in it "
+							"is delivered; 0 empties a generation as soon as it is closed and delivered.",
 							&outbox_retention,
 							OUTBOX_RETENTION_DEFAULT, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
