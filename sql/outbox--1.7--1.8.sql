@@ -631,6 +631,31 @@ ALTER TABLE outbox.events_0 ADD CONSTRAINT events_0_pkey PRIMARY KEY (id, genera
 ALTER TABLE outbox.events_0 ADD CONSTRAINT events_0_event_id_generation_key UNIQUE (event_id, generation);
 ALTER INDEX outbox.events_txid_idx RENAME TO events_0_txid_idx;
 
+/*
+ * From PostgreSQL 18 NOT NULL constraints have names, which a new table
+ * draws so as not to repeat one of the schema: the old table's move aside
+ * while the parent takes the names a fresh install gives it, then take
+ * the names its partitions have in a fresh install.  (Before 18 there are
+ * none, and both loops do nothing.)
+ */
+DO $$
+DECLARE
+	c	record;
+BEGIN
+	FOR c IN SELECT co.conname, a.attname
+			   FROM pg_catalog.pg_constraint co
+			   JOIN pg_catalog.pg_attribute a
+				 ON a.attrelid OPERATOR(pg_catalog.=) co.conrelid
+				AND a.attnum OPERATOR(pg_catalog.=) co.conkey[1]
+			  WHERE co.conrelid OPERATOR(pg_catalog.=) 'outbox.events_0'::pg_catalog.regclass
+				AND co.contype OPERATOR(pg_catalog.=) 'n'
+	LOOP
+		EXECUTE pg_catalog.format('ALTER TABLE outbox.events_0 RENAME CONSTRAINT %I TO %I',
+								  c.conname, 'outbox_1_7_' || c.attname);
+	END LOOP;
+END
+$$;
+
 CREATE TABLE outbox.events (
 	id				bigint GENERATED ALWAYS AS IDENTITY,
 	txid			pg_catalog.xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
@@ -659,6 +684,23 @@ SELECT pg_catalog.setval('outbox.events_id_seq', s.last_value, s.is_called)
   FROM outbox.events_0_id_seq s;
 ALTER EXTENSION outbox DROP SEQUENCE outbox.events_0_id_seq;
 ALTER TABLE outbox.events_0 ALTER COLUMN id DROP IDENTITY;
+DO $$
+DECLARE
+	c	record;
+BEGIN
+	FOR c IN SELECT co.conname, a.attname
+			   FROM pg_catalog.pg_constraint co
+			   JOIN pg_catalog.pg_attribute a
+				 ON a.attrelid OPERATOR(pg_catalog.=) co.conrelid
+				AND a.attnum OPERATOR(pg_catalog.=) co.conkey[1]
+			  WHERE co.conrelid OPERATOR(pg_catalog.=) 'outbox.events_0'::pg_catalog.regclass
+				AND co.contype OPERATOR(pg_catalog.=) 'n'
+	LOOP
+		EXECUTE pg_catalog.format('ALTER TABLE outbox.events_0 RENAME CONSTRAINT %I TO %I',
+								  c.conname, 'events_' || c.attname || '_not_null');
+	END LOOP;
+END
+$$;
 ALTER TABLE outbox.events ATTACH PARTITION outbox.events_0 FOR VALUES IN (0);
 CREATE TABLE outbox.events_1 PARTITION OF outbox.events FOR VALUES IN (1);
 CREATE TABLE outbox.events_2 PARTITION OF outbox.events FOR VALUES IN (2);
