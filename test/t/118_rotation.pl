@@ -2,8 +2,8 @@
 # generations that the relay empties with TRUNCATE.  Under steady load with
 # a 4 s retention: the ring turns, generations are emptied, the log stays
 # bounded and no row is ever deleted, and every committed event is in
-# Kafka.  A quarantined event and the one parked behind it are moved out of
-# their generation, not lost, and a REPEATABLE READ snapshot taken before
+# Kafka.  A quarantined event and the one parked behind it, and a replayed
+# window of delivered events, are moved out of their generation, not lost, and a REPEATABLE READ snapshot taken before
 # the move still sees them until it ends (the generation waits for it).  A
 # transaction that wrote into a generation keeps it until it ends.  A given
 # event_id is refused while a closed generation holds it.  With the relay
@@ -167,10 +167,25 @@ report_figures('rotation', $fig, "most rows in the log $most, $turns turns");
 is(scalar(@{ $fig->{missing} }), 0, 'every committed event is in Kafka');
 is($fig->{order_violations}, 0, 'per-aggregate order kept');
 
+# a window of delivered events, to replay while the relay is paused
+my @window = split /\n/, q1("SELECT outbox.emit('drill', 'window-' || g, 'drill.window', '{}')"
+	  . " FROM generate_series(1, 50) g");
+wait_for_events($kafka, $DRILL_TOPIC, \@window, 30);
+my $window_gen = generation_of($window[0]);
+
 # paused: nothing undelivered is dropped, the ring stops and says why
 ok(set_and_reload($node, 'postgres', 'outbox.enabled', 'off'), 'pause the relay');
 ok(poll_until($node, 'postgres', 'SELECT state FROM outbox.status()', 'paused', 30),
 	'the relay is paused');
+is( q1("SELECT outbox.replay(min(created_at), max(created_at) + interval '1 microsecond', 'drill')"
+		  . " FROM outbox.events WHERE event_type = 'drill.window'"),
+	'50', 'replay() queues the window of 50 delivered events');
+ok( poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FILTER (WHERE generation <> $window_gen) FROM outbox.events"
+		  . " WHERE event_type = 'drill.window'",
+		'50', 30),
+	'their generation is emptied, the queued events moved out of it first');
 my $t0 = time();
 my $n = 0;
 while (time() - $t0 < 8)
@@ -196,6 +211,13 @@ ok( poll_until(
 		$node, 'postgres', "SELECT count(*) FROM outbox.events WHERE event_type = 'drill.paused'",
 		'0', 60),
 	'and their generations are emptied once they are delivered');
+
+ok( poll_until(
+		$node, 'postgres', 'SELECT count(*) FROM outbox.replay_queue', '0', 30),
+	'the replay queue is done');
+my $copies = in_kafka();
+is(scalar(grep { ($copies->{$_} // 0) >= 2 } @window), 50,
+	'the replayed window, moved out of its generation, is published again');
 
 # the parked event, moved, is published once its head is discarded
 q1("SELECT outbox.discard('$head')");
