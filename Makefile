@@ -49,8 +49,13 @@ include $(PGXS)
 PROVE_FLAGS += -I test/perl
 
 # PGXS tracks no header: the compiler writes each object's header
-# dependencies beside it (src/<room>/<file>.d), read back at the next make
+# dependencies beside it (src/<room>/<file>.d), read back at the next make.
+# The bitcode a server built with LLVM also compiles writes none: it would
+# overwrite the object's with its own target, and a header's change would
+# then rebuild no object
 override CPPFLAGS += -MMD -MP
+COMPILE.c.bc = $(CLANG) -Wno-ignored-attributes $(BITCODE_CFLAGS) \
+	$(filter-out -MMD -MP,$(CPPFLAGS)) -flto=thin -emit-llvm -c
 -include $(OBJS:.o=.d)
 EXTRA_CLEAN = $(OBJS:.o=.d) META.json
 

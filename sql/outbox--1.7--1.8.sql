@@ -605,6 +605,16 @@ BEGIN
 		RAISE WARNING 'grants and row security on outbox.events were not carried over to the partitioned log'
 			USING HINT = 'Grant them again on outbox.events (docs/upgrading.md).';
 	END IF;
+	IF EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_rewrite w
+				WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+				  AND d.objid OPERATOR(pg_catalog.=) w.oid
+				  AND d.refobjid OPERATOR(pg_catalog.=) 'outbox.events'::pg_catalog.regclass
+				  AND w.ev_class OPERATOR(pg_catalog.<>) 'outbox.events'::pg_catalog.regclass)
+	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel p
+				   WHERE p.prrelid OPERATOR(pg_catalog.=) 'outbox.events'::pg_catalog.regclass) THEN
+		RAISE WARNING 'views and publications on outbox.events now follow outbox.events_0, the first generation only'
+			USING HINT = 'Make them again on outbox.events (docs/upgrading.md).';
+	END IF;
 END
 $$;
 

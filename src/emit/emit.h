@@ -62,7 +62,8 @@ extern bool OutboxEmitPlainIndexes(Relation rel);
 
 /* emit_generation.c: the log's generation emit() writes into */
 extern int	OutboxEmitGeneration(void);
-extern void OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id);
+extern void OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id, int own,
+								   bool inserted);
 
 /* emit_uuid.c: event ids */
 extern void OutboxGenerateUuidV7(pg_uuid_t *uuid);

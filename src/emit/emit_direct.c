@@ -12,7 +12,7 @@
  *	  partition are the tables emit() knows; one a superuser has changed (a
  *	  trigger, constraint, column, type, default or bound) gets the INSERT
  *	  (direct_table, direct_partition).  Both write the generation
- *	  emit_generation.c names, after its check of a given event id.
+ *	  emit_generation.c names, and it then checks a given event id.
  *	- The statement's parameters ($1..$16) are numbered here only: the
  *	  INSERT's text, the direct insert's columns (event_columns) and the
  *	  row's values (row_values) agree on them in this file.
@@ -527,8 +527,9 @@ insert_statement(Relation rel, Datum *values, char *nulls)
  *		Insert row into outbox.events, with its seq when row->event.has_seq,
  *		into the current generation's partition, directly or, when the
  *		table is not the one the direct insert knows, by the INSERT
- *		statement.  A given event id is checked against every generation
- *		first (emit_generation.c).  The caller is connected to SPI.
+ *		statement.  A given event id is looked for in its generation before,
+ *		and in the others after (emit_generation.c).  The caller is
+ *		connected to SPI.
  */
 void
 OutboxEmitInsert(OutboxEmitRow *row)
@@ -548,7 +549,7 @@ OutboxEmitInsert(OutboxEmitRow *row)
 		generation = OutboxEmitGeneration();
 		values[EMIT_PARAM_GENERATION] = Int16GetDatum(generation);
 		if (row->event_id_given)
-			OutboxEmitCheckEventId(rel, row->event_id);
+			OutboxEmitCheckEventId(rel, row->event_id, generation, false);
 	}
 	else
 		nulls[EMIT_PARAM_GENERATION] = 'n';
@@ -567,5 +568,7 @@ OutboxEmitInsert(OutboxEmitRow *row)
 		insert_direct(rel, &t, values, nulls);
 	if (!direct)
 		insert_statement(rel, values, nulls);
+	if (row->event_id_given && rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
+		OutboxEmitCheckEventId(rel, row->event_id, generation, true);
 	table_close(rel, NoLock);
 }

@@ -11,16 +11,19 @@
  *	  (or within a second before).  A generation the relay closed meanwhile
  *	  still takes them; it is emptied only once every row in it is
  *	  delivered and past retention, under a lock no writer holds.
- *	- The log's keys hold within a partition only.  An event_id the caller
- *	  gives is checked against every partition before the insert, under a
- *	  transaction lock on the id's bucket that every such check takes, and
- *	  with a snapshot taken after that lock: an earlier giver of the same
- *	  id has ended by then, and its row, if committed, is seen.  Drawn ids
- *	  (UUIDv7) are not checked.  The lock space is the advisory locks'
- *	  with a field SQL's advisory locks never use.
- *	- A partition's lock taken for the check is let go at once, so a
- *	  transaction that gave an id does not keep its generation from being
- *	  emptied.
+ *	- The log's keys hold within a partition only: its unique index stops a
+ *	  second row of an id in the generation the row went into.  An event_id
+ *	  the caller gives is then, after the insert, looked for in every other
+ *	  partition with a dirty snapshot, which sees rows of transactions still
+ *	  open: a committed one refuses the event; an open one is waited for,
+ *	  and the look starts again.  Of two writers of one id, whichever looks
+ *	  second sees the other's row (each inserts before it looks), so both
+ *	  cannot commit; two that wait for each other end in a deadlock error
+ *	  for one.  Nothing is locked but while waiting, so writers of different
+ *	  ids never wait for each other.  Drawn ids (UUIDv7) are not looked for.
+ *	- A partition's lock taken for the look is let go at once, so a
+ *	  transaction that gave an id does not keep another generation from
+ *	  being emptied.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,12 +36,10 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
-#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -55,10 +56,6 @@
 
 /* how long a session trusts the generation it read */
 #define GENERATION_RECHECK_MS	1000
-/* buckets of given event ids: ids of one bucket check one after another */
-#define EVENT_ID_BUCKETS		1024
-/* field4 of the bucket's lock tag ("OB"); SQL's advisory locks use 1 and 2 */
-#define EVENT_ID_LOCK_FIELD		0x4f42
 
 static int	cached_generation = -1;
 static TimestampTz cached_at = 0;
@@ -124,73 +121,89 @@ event_id_index(Relation rel, AttrNumber event_id_att)
 	return found;
 }
 
-/* whether partition relid has a row of event_id id visible in snapshot */
+/*
+ * partition_has_event
+ *		Whether partition relid has a row of event id id that a committed
+ *		transaction wrote, or the caller's; false, with the transaction in
+ *		*wait, when the row is one an open transaction writes or deletes.
+ */
 static bool
-partition_has_event(Oid relid, pg_uuid_t *id, Snapshot snapshot)
+partition_has_event(Oid relid, pg_uuid_t *id, TransactionId *wait)
 {
 	Relation	rel = table_open(relid, AccessShareLock);
 	AttrNumber	att = get_attnum(relid, "event_id");
 	Oid			indexid = att == InvalidAttrNumber ? InvalidOid : event_id_index(rel, att);
-	bool		found;
+	Relation	index;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	SnapshotData dirty;
+	bool		found = false;
 
-	if (OidIsValid(indexid))
-	{
-		Relation	index = index_open(indexid, AccessShareLock);
-		TupleTableSlot *slot = table_slot_create(rel, NULL);
-		IndexScanDesc scan;
-		ScanKeyData key;
-
-		ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_UUID_EQ, UUIDPGetDatum(id));
-		scan = OutboxIndexBeginScan(rel, index, snapshot, 1);
-		index_rescan(scan, &key, 1, NULL, 0);
-		found = index_getnext_slot(scan, ForwardScanDirection, slot);
-		index_endscan(scan);
-		ExecDropSingleTupleTableSlot(slot);
-		index_close(index, AccessShareLock);
-	}
-	else
+	if (!OidIsValid(indexid))
 		elog(ERROR, "outbox partition \"%s\" has no unique index on event_id",
 			 get_rel_name(relid));
+	InitDirtySnapshot(dirty);
+	index = index_open(indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_UUID_EQ, UUIDPGetDatum(id));
+	scan = OutboxIndexBeginScan(rel, index, &dirty, 1);
+	index_rescan(scan, &key, 1, NULL, 0);
+	*wait = InvalidTransactionId;
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		*wait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+		found = !TransactionIdIsValid(*wait);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
 	table_close(rel, AccessShareLock);
 	return found;
 }
 
 /*
  * OutboxEmitCheckEventId
- *		Refuse (23505) event id id, given by the caller, if any generation of
- *		the log has it; parent is outbox.events, partitioned, locked by the
- *		caller.  Returns holding the id's bucket lock until the transaction
- *		ends, so that a later giver of the id sees this one's row.
+ *		Refuse (23505) event id id, given by the caller for generation own,
+ *		if the log has it, waiting for a transaction that writes it to end:
+ *		before the insert (inserted false), in generation own's partition,
+ *		where its unique index is the last word; after it, in the other
+ *		generations'.  parent is outbox.events, partitioned, locked by the
+ *		caller.
  */
 void
-OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id)
+OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id, int own, bool inserted)
 {
-	LOCKTAG		tag;
-	uint32		bucket = hash_bytes(id->data, UUID_LEN) % EVENT_ID_BUCKETS;
 	Oid			nsp = RelationGetNamespace(parent);
-	Snapshot	snapshot;
+	int			g = 0;
 
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, bucket, EVENT_ID_LOCK_FIELD);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
-
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	for (int g = 0; g < OUTBOX_GENERATIONS; g++)
+	while (g < OUTBOX_GENERATIONS)
 	{
 		char		name[OUTBOX_GENERATION_NAME_LEN];
 		Oid			relid;
+		TransactionId wait;
 
 		snprintf(name, sizeof(name), "events_%d", g);
 		relid = get_relname_relid(name, nsp);
-		if (OidIsValid(relid) && partition_has_event(relid, id, snapshot))
+		if ((g == own) == inserted || !OidIsValid(relid))
 		{
-			UnregisterSnapshot(snapshot);
+			g++;
+			continue;
+		}
+		if (partition_has_event(relid, id, &wait))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNIQUE_VIOLATION),
 					 errmsg("an event with event_id %s exists already",
 							DatumGetCString(DirectFunctionCall1(uuid_out,
 																UUIDPGetDatum(id)))),
 					 errhint("Give each event an id of its own, or leave event_id out.")));
+		if (TransactionIdIsValid(wait))
+		{
+			/* its end decides: look at every generation again after it */
+			XactLockTableWait(wait, NULL, NULL, XLTW_None);
+			g = 0;
+			continue;
 		}
+		g++;
 	}
-	UnregisterSnapshot(snapshot);
 }

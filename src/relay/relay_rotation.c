@@ -5,7 +5,8 @@
  *		a step when one is due, between pages or when idle.
  *
  * Invariants:
- *	- A step runs in a transaction of its own, never while a Kafka
+ *	- A step runs in a READ COMMITTED transaction of its own (whatever
+ *	  default_transaction_isolation says), never while a Kafka
  *	  transaction is open (exactly_once): its checks may scan a whole
  *	  generation, which must not outlast the Kafka transaction's timeout.
  *	- A step that fails (a lock timeout, a concurrent change) is rolled
@@ -20,9 +21,12 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "pgstat.h"
 #include "utils/elog.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "relay/relay.h"
@@ -70,6 +74,23 @@ try_step(OutboxRotation *step, char **message)
 	return ok;
 }
 
+/*
+ * begin_txn
+ *		As OutboxRelayBeginTxn, READ COMMITTED whatever the defaults say: the
+ *		step's checks after a lock must see what committed before it.
+ */
+static void
+begin_txn(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) set_config_option("transaction_isolation", "read committed",
+							 PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SET,
+							 true, 0, false);
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "turning the log's generations");
+}
+
 /* say what the step did, and when what keeps the oldest generation changes */
 static void
 report_step(Relay *r, const OutboxRotation *step)
@@ -112,7 +133,7 @@ OutboxRelayRotate(Relay *r)
 		(now < r->next_rotate && outbox_retention == r->rotation_retention))
 		return;
 	r->rotation_retention = outbox_retention;
-	OutboxRelayBeginTxn("turning the log's generations");
+	begin_txn();
 	r->log_rotates = OutboxStoreLogRotates() ? 1 : -1;
 	if (r->log_rotates > 0)
 		ok = try_step(&step, &message);

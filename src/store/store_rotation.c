@@ -66,6 +66,7 @@
 
 /* what a generation waits for once its needed rows moved out: looked at each second */
 #define OLDER_SNAPSHOT			"an older snapshot"
+#define USING_IT				"a transaction using it"
 
 typedef enum GenerationState
 {
@@ -88,21 +89,31 @@ typedef struct Generation
 	" WHERE p.relay OPERATOR(pg_catalog.=) 'default'), '1:1:')"
 
 /*
- * What keeps partition events_<n> from being emptied, if anything, among
- * the rows of transactions from xid8 $2 on ('0': all); $1 is the retention's
- * cutoff.  The second column is the xmin of the statement's snapshot.
+ * What keeps partition events_<n> from being emptied, if anything, with $1
+ * the retention's cutoff: [0] among all its rows, the second column then
+ * the xmin of the statement's snapshot; [1] among the rows of transactions
+ * from xid8 $2 on (the first check's xmin), through the txid index.
  */
-#define BLOCKING_SQL \
-	"SELECT CASE" \
+#define RESTORED_CASE \
 	" WHEN EXISTS (SELECT 1 FROM outbox.restored_events r, outbox.%s e" \
-	"  WHERE e.id OPERATOR(pg_catalog.=) r.id) THEN 'restored events to judge'" \
-	" WHEN EXISTS (SELECT 1 FROM outbox.%s e" \
-	"  WHERE e.txid OPERATOR(pg_catalog.>=) GREATEST($2, pg_catalog.pg_snapshot_xmin(" PREV_SNAPSHOT "))" \
+	"  WHERE e.id OPERATOR(pg_catalog.=) r.id) THEN 'restored events to judge'"
+#define UNDELIVERED(from) \
+	" WHEN EXISTS (SELECT 1 FROM outbox.%s e WHERE e.txid OPERATOR(pg_catalog.>=) " from \
 	"  AND NOT pg_catalog.pg_visible_in_snapshot(e.txid, " PREV_SNAPSHOT "))" \
-	"  THEN 'undelivered events'" \
-	" WHEN EXISTS (SELECT 1 FROM outbox.%s e WHERE e.txid OPERATOR(pg_catalog.>=) $2" \
-	"  AND e.created_at OPERATOR(pg_catalog.>=) $1) THEN 'events within the retention'" \
-	" END, pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())"
+	"  THEN 'undelivered events'"
+
+static const char *const blocking_sql[2] = {
+	"SELECT CASE" RESTORED_CASE
+	UNDELIVERED("pg_catalog.pg_snapshot_xmin(" PREV_SNAPSHOT ")")
+	" WHEN EXISTS (SELECT 1 FROM outbox.%s e WHERE $2 IS NOT NULL"
+	"  AND e.created_at OPERATOR(pg_catalog.>=) $1) THEN 'events within the retention'"
+	" END, pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())",
+	"SELECT CASE" RESTORED_CASE
+	UNDELIVERED("$2")
+	" WHEN EXISTS (SELECT 1 FROM outbox.%s e WHERE e.txid OPERATOR(pg_catalog.>=) $2"
+	"  AND e.created_at OPERATOR(pg_catalog.>=) $1) THEN 'events within the retention'"
+	" END, NULL::pg_catalog.xid8",
+};
 
 /* the rows of generation $1 something still needs, moved into $2 */
 #define MOVE_SQL \
@@ -188,10 +199,11 @@ load_generations(Generation *gens)
 
 /*
  * blocking
- *		What keeps generation g from being emptied among the rows of
- *		transactions from from_xid on ((Datum) 0: all), cutoff the
- *		retention's; NULL: nothing.  Into *xmin (when given), the xmin of
- *		the snapshot it looked in.
+ *		What keeps generation g from being emptied, cutoff the retention's;
+ *		NULL: nothing.  Without xmin, among the rows of transactions from
+ *		from_xid on only; with it, among all, and into *xmin the xmin of the
+ *		snapshot it looked in.  A new snapshot each time (READ COMMITTED,
+ *		read-write).
  */
 static const char *
 blocking(int g, TimestampTz cutoff, Datum from_xid, Datum *xmin)
@@ -205,8 +217,11 @@ blocking(int g, TimestampTz cutoff, Datum from_xid, Datum *xmin)
 	snprintf(name, sizeof(name), "events_%d", g);
 	values[0] = TimestampTzGetDatum(cutoff);
 	values[1] = from_xid;
-	OutboxSpiExec(psprintf(BLOCKING_SQL, name, name, name), 2, types, values,
-				  NULL, false, 1, SPI_OK_SELECT, "the log's rotation check");
+	if (xmin == NULL)
+		OutboxSpiExecText("SELECT pg_catalog.set_config('enable_seqscan', $1, true)",
+						  "off", false, 1, SPI_OK_SELECT, "the log's rotation");
+	OutboxSpiExec(psprintf(blocking_sql[xmin == NULL], name, name, name), 2, types,
+				  values, NULL, false, 1, SPI_OK_SELECT, "the log's rotation check");
 	if (xmin != NULL)
 		*xmin = OutboxSpiValue(2, &isnull);
 	reason = OutboxSpiValue(1, &isnull);
@@ -268,11 +283,15 @@ empty_generation(int g, const Generation *gen, int current, TimestampTz cutoff)
 		elog(ERROR, "outbox.%s does not exist", name);
 	if (gen->moved && older_snapshot(gen->moved_by))
 		return OLDER_SNAPSHOT;
+	/* no whole-generation check while someone holds it: look first */
+	if (!ConditionalLockRelationOid(relid, AccessExclusiveLock))
+		return USING_IT;
+	UnlockRelationOid(relid, AccessExclusiveLock);
 	why = blocking(g, cutoff, FullTransactionIdGetDatum(InvalidFullTransactionId), &xmin);
 	if (why != NULL)
 		return why;
 	if (!ConditionalLockRelationOid(relid, AccessExclusiveLock))
-		return "a transaction using it";
+		return USING_IT;
 	why = blocking(g, cutoff, xmin, NULL);
 	if (why != NULL)
 		return why;
@@ -321,6 +340,47 @@ oldest_closed(const Generation *gens)
 }
 
 /*
+ * step_oldest
+ *		Empty the oldest closed generation of gens when it is due, or record
+ *		why it waits (nothing, when it is not due yet); into out what became
+ *		of it and when to look again.
+ */
+static void
+step_oldest(Generation *gens, int current, TimestampTz now, int64 retention_ms,
+			OutboxRotation *out)
+{
+	int			oldest = oldest_closed(gens);
+	int64		due_ms = retention_ms + ROTATE_LATE_ROWS_MS;
+
+	if (oldest >= 0 && now >= TimestampTzPlusMilliseconds(gens[oldest].closed_at, due_ms))
+	{
+		out->waits_for = empty_generation(oldest, &gens[oldest], current,
+										  TimestampTzPlusMilliseconds(now, -retention_ms));
+		record(oldest, out->waits_for);
+		if (out->waits_for != NULL)
+		{
+			out->next_look = TimestampTzPlusMilliseconds(now,
+														 strcmp(out->waits_for, OLDER_SNAPSHOT) == 0 ?
+														 ROTATE_MIN_OPEN_MS : ROTATE_RECHECK_MS);
+			return;
+		}
+		gens[oldest].state = GEN_EMPTY;
+		gens[oldest].has_pages = false;
+		out->emptied = oldest;
+		out->emptied_any = true;
+		oldest = oldest_closed(gens);
+	}
+	else if (oldest >= 0)
+		/* not due (the retention may have grown since it waited) */
+		exec_gen("UPDATE outbox.generations SET waits_for = NULL"
+				 " WHERE generation OPERATOR(pg_catalog.=) $1 AND waits_for IS NOT NULL",
+				 1, oldest, 0, SPI_OK_UPDATE);
+	if (oldest >= 0)
+		out->next_look = Min(out->next_look,
+							 TimestampTzPlusMilliseconds(gens[oldest].closed_at, due_ms));
+}
+
+/*
  * OutboxStoreRotate
  *		One step of the ring, with the retention in seconds: rows found in a
  *		generation marked empty close it; the oldest closed generation, past
@@ -339,15 +399,17 @@ OutboxStoreRotate(int retention, OutboxRotation *out)
 	int64		open_ms = Max(retention_ms / 4, ROTATE_MIN_OPEN_MS);
 	int			current;
 	int			next;
-	int			oldest;
 
 	memset(out, 0, sizeof(*out));
+	/* the checks after the lock need snapshots taken after it */
+	if (IsolationUsesXactSnapshot())
+		elog(ERROR, "the log's rotation needs READ COMMITTED");
 	SPI_connect();
+	OutboxSpiExecText("SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+					  "1s", false, 1, SPI_OK_SELECT, "the log's rotation");
 	current = load_generations(gens);
 	next = (current + 1) % OUTBOX_GENERATIONS;
 	out->next_look = TimestampTzPlusMilliseconds(now, ROTATE_LOOK_MAX_MS);
-	OutboxSpiExecText("SELECT pg_catalog.set_config('lock_timeout', $1, true)",
-					  "1s", false, 1, SPI_OK_SELECT, "the log's rotation");
 	for (int g = 0; g < OUTBOX_GENERATIONS; g++)
 		if (gens[g].state == GEN_EMPTY && gens[g].has_pages)
 		{
@@ -358,30 +420,7 @@ OutboxStoreRotate(int retention, OutboxRotation *out)
 			gens[g].closed_at = now;
 		}
 
-	oldest = oldest_closed(gens);
-	if (oldest >= 0 && now >= TimestampTzPlusMilliseconds(gens[oldest].closed_at,
-													retention_ms + ROTATE_LATE_ROWS_MS))
-	{
-		out->waits_for = empty_generation(oldest, &gens[oldest], current,
-										  TimestampTzPlusMilliseconds(now, -retention_ms));
-		record(oldest, out->waits_for);
-		if (out->waits_for == NULL)
-		{
-			gens[oldest].state = GEN_EMPTY;
-			gens[oldest].has_pages = false;
-			out->emptied = oldest;
-			out->emptied_any = true;
-			oldest = oldest_closed(gens);
-		}
-		else
-			out->next_look = TimestampTzPlusMilliseconds(now,
-														 strcmp(out->waits_for, OLDER_SNAPSHOT) == 0 ?
-														 ROTATE_MIN_OPEN_MS : ROTATE_RECHECK_MS);
-	}
-	if (oldest >= 0 && out->waits_for == NULL)
-		out->next_look = Min(out->next_look,
-							 TimestampTzPlusMilliseconds(gens[oldest].closed_at,
-													retention_ms + ROTATE_LATE_ROWS_MS));
+	step_oldest(gens, current, now, retention_ms, out);
 
 	if (gens[next].state == GEN_EMPTY && !gens[next].has_pages &&
 		now >= TimestampTzPlusMilliseconds(gens[current].opened_at, open_ms))
