@@ -124,10 +124,15 @@ static const char *const blocking_sql[2] = {
 	"  UNION SELECT h.id FROM outbox.held h" \
 	"  UNION SELECT q.event_pk FROM outbox.replay_queue q))"
 
-/* whether a snapshot older than the end of transaction $1 may remain */
+/*
+ * whether a snapshot older than the end of transaction $1 may remain that
+ * can read this database: one of its backends', a physical walsender's (a
+ * standby's queries), or a physical slot's
+ */
 #define OLDER_SNAPSHOT_SQL \
 	"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a" \
 	"  WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()" \
+	"  AND (a.datid IS NULL OR a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())" \
 	"  AND a.backend_xmin IS NOT NULL" \
 	"  AND pg_catalog.age(a.backend_xmin) OPERATOR(pg_catalog.>=) pg_catalog.age(pg_catalog.xid($1)))" \
 	" OR EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots s" \
