@@ -61,6 +61,7 @@
  * "events_<g>".
  */
 #define OUTBOX_GENERATIONS			6
+#define OUTBOX_GENERATION_NAME_FMT	"events_%d"
 #define OUTBOX_GENERATION_NAME_LEN	16
 /* the inbox's dedupe window: under a minute, duplicates still in flight would be consumed again */
 #define OUTBOX_INBOX_RETENTION_DEFAULT (30 * 24 * 3600)

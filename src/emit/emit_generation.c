@@ -34,7 +34,6 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_index.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
@@ -183,7 +182,7 @@ OutboxEmitCheckEventId(Relation parent, pg_uuid_t *id, int own, bool inserted)
 		Oid			relid;
 		TransactionId wait;
 
-		snprintf(name, sizeof(name), "events_%d", g);
+		snprintf(name, sizeof(name), OUTBOX_GENERATION_NAME_FMT, g);
 		relid = get_relname_relid(name, nsp);
 		if ((g == own) == inserted || !OidIsValid(relid))
 		{

@@ -219,7 +219,7 @@ blocking(int g, TimestampTz cutoff, Datum from_xid, Datum *xmin)
 	bool		isnull;
 	Datum		reason;
 
-	snprintf(name, sizeof(name), "events_%d", g);
+	snprintf(name, sizeof(name), OUTBOX_GENERATION_NAME_FMT, g);
 	values[0] = TimestampTzGetDatum(cutoff);
 	values[1] = from_xid;
 	if (xmin == NULL)
@@ -282,7 +282,7 @@ empty_generation(int g, const Generation *gen, int current, TimestampTz cutoff)
 	Datum		xmin;
 	const char *why;
 
-	snprintf(name, sizeof(name), "events_%d", g);
+	snprintf(name, sizeof(name), OUTBOX_GENERATION_NAME_FMT, g);
 	relid = get_relname_relid(name, get_namespace_oid("outbox", false));
 	if (!OidIsValid(relid))
 		elog(ERROR, "outbox.%s does not exist", name);
