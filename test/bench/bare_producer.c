@@ -19,6 +19,14 @@
  *	bare_producer BROKERS TOPIC drain COUNT BYTES KEYS
  *		COUNT messages of BYTES bytes over KEYS keys, idempotent, as fast as
  *		the cluster takes them; prints "produced N in S s".
+ *	bare_producer BROKERS - messages FILE
+ *		The relay's messages, from memory: FILE (COPY's text format, as
+ *		test/bench/bench_drain.py writes it from outbox.events) holds per
+ *		line the topic, key, value and the relay's ten header values in
+ *		the order of src/kafka/message.c (\N: not sent).  Every line is
+ *		read into memory first; then each is produced, idempotent, with
+ *		its key and headers, as fast as the cluster takes them, and
+ *		"produced N in S s" is printed once every one is acknowledged.
  *
  *-------------------------------------------------------------------------
  */
@@ -28,6 +36,8 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <malloc.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -89,6 +99,7 @@ make_producer(const char *brokers, const char *txn_id)
 		{"queue.buffering.max.messages", "1000000"},
 		{"queue.buffering.max.kbytes", "1048576"},
 		{"retry.backoff.ms", txn_id ? "10" : "100"},
+		{"partitioner", "murmur2_random"},
 	};
 	rd_kafka_t *rk;
 
@@ -107,18 +118,25 @@ make_producer(const char *brokers, const char *txn_id)
 }
 
 static void
-produce(rd_kafka_t *rk, const char *topic, const char *key, size_t keylen,
-		const char *value, size_t len)
+produce_headers(rd_kafka_t *rk, const char *topic, const char *key, size_t keylen,
+				const char *value, size_t len, rd_kafka_headers_t *hdrs)
 {
 	rd_kafka_resp_err_t err;
 
 	for (;;)
 	{
-		err = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic),
-								RD_KAFKA_V_KEY(key, keylen),
-								RD_KAFKA_V_VALUE((void *) value, len),
-								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-								RD_KAFKA_V_END);
+		err = hdrs == NULL ?
+			rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic),
+							  RD_KAFKA_V_KEY(key, keylen),
+							  RD_KAFKA_V_VALUE((void *) value, len),
+							  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							  RD_KAFKA_V_END) :
+			rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic),
+							  RD_KAFKA_V_KEY(key, keylen),
+							  RD_KAFKA_V_VALUE((void *) value, len),
+							  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							  RD_KAFKA_V_HEADERS(hdrs),
+							  RD_KAFKA_V_END);
 		if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
 			break;
 		rd_kafka_poll(rk, 10);
@@ -126,6 +144,13 @@ produce(rd_kafka_t *rk, const char *topic, const char *key, size_t keylen,
 	if (err)
 		die("produce", rd_kafka_err2str(err));
 	pending++;
+}
+
+static void
+produce(rd_kafka_t *rk, const char *topic, const char *key, size_t keylen,
+		const char *value, size_t len)
+{
+	produce_headers(rk, topic, key, keylen, value, len, NULL);
 }
 
 /* RATE messages a second for SECONDS; see the header */
@@ -230,18 +255,135 @@ drain(const char *brokers, const char *topic, long count, long bytes, long keys)
 	rd_kafka_destroy(rk);
 }
 
+/* the relay's own headers, in the order of src/kafka/message.c */
+static const char *const header_names[] = {
+	"id", "event_type", "aggregate_type", "aggregate_id", "seq",
+	"schema_version", "occurred_at", "traceparent", "tenant", "origin",
+};
+#define NHEADERS (sizeof(header_names) / sizeof(header_names[0]))
+#define NFIELDS (3 + NHEADERS)
+
+/* one line of the message file: its fields, unescaped in place */
+typedef struct Line
+{
+	char	   *field[NFIELDS];
+	size_t		len[NFIELDS];
+} Line;
+
+/* undo COPY's text escapes (\\, \t, \n, \r) in s[0..len); returns the new length */
+static size_t
+unescape(char *s, size_t len)
+{
+	size_t		in,
+				out = 0;
+
+	for (in = 0; in < len; in++)
+	{
+		char		c = s[in];
+
+		if (c == '\\' && in + 1 < len)
+		{
+			c = s[++in];
+			c = c == 't' ? '\t' : c == 'n' ? '\n' : c == 'r' ? '\r' : c;
+		}
+		s[out++] = c;
+	}
+	return out;
+}
+
+/* every line of path, split into fields; *count gets how many */
+static Line *
+read_lines(const char *path, long *count)
+{
+	FILE	   *f = fopen(path, "r");
+	char	   *buf = NULL;
+	size_t		cap = 0;
+	ssize_t		n;
+	long		size = 1024;
+	Line	   *lines = malloc(sizeof(Line) * size);
+
+	if (f == NULL || lines == NULL)
+		die(path, "cannot open, or out of memory");
+	*count = 0;
+	while ((n = getline(&buf, &cap, f)) > 0)
+	{
+		char	   *p = strndup(buf, (size_t) (buf[n - 1] == '\n' ? n - 1 : n));
+		Line	   *l;
+
+		if (*count == size && (lines = realloc(lines, sizeof(Line) * (size *= 2))) == NULL)
+			die("realloc", "out of memory");
+		l = &lines[(*count)++];
+		for (size_t i = 0; i < NFIELDS; i++)
+		{
+			char	   *tab = strchr(p, '\t');
+
+			if (tab == NULL && i + 1 < NFIELDS)
+				die(path, "a line has fewer fields than topic, key, value and ten headers");
+			if (tab)
+				*tab = '\0';
+			l->field[i] = strcmp(p, "\\N") == 0 ? NULL : p;
+			l->len[i] = l->field[i] ? unescape(p, strlen(p)) : 0;
+			p = tab ? tab + 1 : p + strlen(p);
+		}
+	}
+	free(buf);
+	fclose(f);
+	return lines;
+}
+
+/* every message of path, from memory, as fast as the cluster takes them */
+static void
+messages(const char *brokers, const char *path)
+{
+	long		count;
+	Line	   *lines = read_lines(path, &count);
+	rd_kafka_t *rk = make_producer(brokers, NULL);
+	double		start;
+
+	/* warm up: the topics' metadata and leaders, as the relay has them */
+	produce(rk, lines[0].field[0], "warm", 4, "{}", 2);
+	rd_kafka_flush(rk, 60000);
+	pending = 0;
+	start = mono_s();
+	for (long i = 0; i < count; i++)
+	{
+		Line	   *l = &lines[i];
+		rd_kafka_headers_t *hdrs = rd_kafka_headers_new(NHEADERS);
+
+		for (size_t h = 0; h < NHEADERS; h++)
+			if (l->field[3 + h])
+				rd_kafka_header_add(hdrs, header_names[h], -1, l->field[3 + h],
+									(ssize_t) l->len[3 + h]);
+		produce_headers(rk, l->field[0], l->field[1], l->len[1], l->field[2], l->len[2], hdrs);
+		if (i % 1000 == 0)
+			rd_kafka_poll(rk, 0);
+	}
+	while (pending > 0)
+		rd_kafka_poll(rk, 100);
+	printf("produced %ld in %.3f s, %ld failed\n", count, mono_s() - start, failed);
+	rd_kafka_destroy(rk);
+}
+
 int
 main(int argc, char **argv)
 {
+	/* malloc tuned as the relay's (OutboxMallocKeep, src/base/compat.h) */
+	mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+	mallopt(M_MMAP_THRESHOLD, 64 * 1024 * 1024);
+	mallopt(M_MXFAST, 0);
+
 	if ((argc == 7 || argc == 8) && strcmp(argv[3], "tick") == 0)
 		tick(argv[1], argv[2], atof(argv[4]), atof(argv[5]), argv[6],
 			 argc == 8 ? argv[7] : NULL);
 	else if (argc == 7 && strcmp(argv[3], "drain") == 0)
 		drain(argv[1], argv[2], atol(argv[4]), atol(argv[5]), atol(argv[6]));
+	else if (argc == 5 && strcmp(argv[3], "messages") == 0)
+		messages(argv[1], argv[4]);
 	else
 	{
 		fprintf(stderr, "usage: bare_producer BROKERS TOPIC tick RATE SECONDS idempotent|transactional [MARKER_TOPIC]\n"
-				"       bare_producer BROKERS TOPIC drain COUNT BYTES KEYS\n");
+				"       bare_producer BROKERS TOPIC drain COUNT BYTES KEYS\n"
+				"       bare_producer BROKERS - messages FILE\n");
 		return 2;
 	}
 	return failed ? 1 : 0;

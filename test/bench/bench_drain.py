@@ -1,0 +1,246 @@
+"""test/bench/bench_drain.py: the drain's limits and how the drain scales.
+
+The machine's limit for a drain is the lower of two rates, each measured
+in the same run as the relay's drain of the same events:
+
+  read limit      PostgreSQL returning the backlog's rows, the relay's
+                  columns in the relay's pages (outbox.batch_size rows,
+                  keyset by id), to a libpq client that throws them away
+                  (test/bench/bare_reader.c)
+  producer limit  a bare librdkafka producer (test/bench/bare_producer.c,
+                  the relay's producer settings) sending the same messages,
+                  with the same keys, values and headers, from memory into
+                  the same cluster, each acknowledged
+
+"outbox drain / limit" is the relay's drain over the lower of the two.
+The sections: drain (the mock cluster, in bench.py), drain-kafka (the
+3-broker Apache Kafka of test/kafka/apache, and the latency at 100 ev/s
+there) and scaling (the drain for payloads of 100 B, 1 kB and 10 kB over
+1, 100 and 10,000 aggregates, each with its producer limit).
+"""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+READER = "test/bench/bare_reader"
+PRODUCER = "test/bench/bare_producer"
+
+# the relay's header values, as src/store/store_event.c formats them
+MESSAGE_SQL = """
+COPY (SELECT {topic}, e.key, e.payload::text, e.event_id::text, e.event_type,
+             e.aggregate_type, e.aggregate_id, e.seq::text, e.schema_version::text,
+             to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+             e.traceparent, e.tenant, (SELECT o.origin::text FROM outbox.origin o)
+        FROM outbox.events e WHERE e.aggregate_type = {agg} ORDER BY e.id) TO STDOUT
+"""
+
+
+def read_limit(b, server, conn, agg):
+    """rows/s PostgreSQL returns the backlog of aggregate type agg at"""
+    first = b.q1(conn, "SELECT min(id) - 1 FROM outbox.events WHERE aggregate_type = %s", agg)
+    page = b.q1(conn, "SHOW outbox.batch_size")
+    out = subprocess.run([os.path.join(b.ROOT, READER), server.dsn, page, str(first)],
+                         check=True, capture_output=True, text=True, timeout=1800).stdout
+    m = re.search(r"read (\d+) in ([0-9.]+) s", out)
+    return int(m.group(1)) / float(m.group(2))
+
+
+def message_file(b, conn, agg, topic):
+    """the relay's messages for the backlog of agg, onto topic, in a file"""
+    fd, path = tempfile.mkstemp(prefix="outbox-messages.", suffix=".tsv")
+    with conn.cursor() as cur, os.fdopen(fd, "w") as f:
+        sql = MESSAGE_SQL.format(topic=cur.mogrify("%s", (topic,)).decode(),
+                                 agg=cur.mogrify("%s", (agg,)).decode())
+        cur.copy_expert(sql, f)
+    return path
+
+
+def producer_limit(b, brokers, path):
+    """messages/s a bare producer puts the file's messages into brokers at"""
+    out = subprocess.run([os.path.join(b.ROOT, PRODUCER), brokers, "-", "messages", path],
+                         check=True, capture_output=True, text=True, timeout=1800).stdout
+    m = re.search(r"produced (\d+) in ([0-9.]+) s, 0 failed", out)
+    if m is None:
+        raise RuntimeError(f"bare_producer: {out.strip()}")
+    return int(m.group(1)) / float(m.group(2))
+
+
+def limits(b, server, conn, brokers, agg, topic, tries=2):
+    """the read and producer limits for the backlog of agg: best of tries"""
+    path = message_file(b, conn, agg, topic)
+    try:
+        rd = max(read_limit(b, server, conn, agg) for _ in range(tries))
+        pr = max(producer_limit(b, brokers, path) for _ in range(tries))
+    finally:
+        os.unlink(path)
+    return rd, pr
+
+
+def profile_start(b, conn):
+    """with --profile: perf samples the relay process (every thread) until
+    profile_stop; the report goes to test/bench/out/drain-profile.txt"""
+    if "--profile" not in sys.argv:
+        return None
+    os.makedirs(os.path.join(b.ROOT, "test/bench/out"), exist_ok=True)
+    data = os.path.join(b.ROOT, "test/bench/out/drain-perf.data")
+    proc = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", "dwarf,8192", "-o", data, "-p",
+                             str(b.relay_pid(conn))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    return proc, data
+
+
+def profile_stop(b, prof):
+    if prof is None:
+        return
+    proc, data = prof
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    out = os.path.join(b.ROOT, "test/bench/out/drain-profile.txt")
+    with open(out, "w") as f:
+        for sort in ("comm", "comm,dso", "comm,dso,sym"):
+            f.write(f"==== perf report --sort {sort}\n")
+            f.flush()
+            subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", sort,
+                            "--stdio", "-g", "none", "--percent-limit", "0.3"],
+                           stdout=f, stderr=subprocess.DEVNULL)
+    print(f"  (profile of the relay: {out})", flush=True)
+
+
+def limit_rows(b, section, n, ours, lim, kafka):
+    """the two limits and the relay's drain as a share of the lower"""
+    rd, pr = lim
+    b.row(section, f"read limit: PostgreSQL returns the {n:,} rows", b.fmt(rd), "rows/s", "",
+          "the relay's columns and pages, to a libpq client that discards them"
+          " (test/bench/bare_reader.c); best of 2")
+    b.row(section, f"producer limit: bare librdkafka, the same {n:,} messages", b.fmt(pr), "msg/s", "",
+          f"keys, values and headers from memory into {kafka}, the relay's producer settings"
+          " (test/bench/bare_producer.c); best of 2")
+    low = "read" if rd < pr else "producer"
+    b.row(section, "outbox drain / limit", b.fmt(ours), "ev/s", f"{ours / min(rd, pr):.2f}",
+          f"ratio to the lower limit ({low})")
+
+
+# ------------------------------------------------------------ drain-kafka
+
+def bench_drain_kafka(b, server, conn):
+    """the relay's drain, its limits and its latency on Apache Kafka"""
+    import bench_eos
+    S = "drain-kafka"
+    kdir = tempfile.mkdtemp(prefix="outbox-apache.")
+    boot = subprocess.run([b.APACHE_TOOL, "up", kdir, "3"], check=True, capture_output=True,
+                          text=True).stdout.strip().splitlines()[-1]
+    mock = b.q1(conn, "SHOW outbox.kafka_brokers")
+    try:
+        b.set_conf(conn, "outbox.enabled", "off")
+        b.set_conf(conn, "outbox.kafka_brokers", boot)
+        bench_eos.create_topics(b, kdir, boot, ["outbox.event.kdrain", "outbox.event.kdrain2",
+                                                "outbox.event.kbare", "outbox.event.ktick"])
+        b.KAFKA[S] = "Apache Kafka 3.9.1 (test/kafka/apache), 3 brokers on the same machine"
+        bench_eos.warm(b, conn, "kdrain")
+        b.make_backlog(conn, b.BACKLOG, "kdrain")
+        b.q(conn, "VACUUM ANALYZE outbox.events")
+        lim = limits(b, server, conn, boot, "kdrain", "outbox.event.kbare")
+        ours = b.drain_outbox(conn, b.BACKLOG)
+        b.make_backlog(conn, b.BACKLOG, "kdrain2")
+        b.q(conn, "VACUUM ANALYZE outbox.events")
+        ours = max(ours, b.drain_outbox(conn, b.BACKLOG))
+        b.row(S, f"outbox relay, {b.BACKLOG:,} events", b.fmt(ours), "ev/s", "",
+              "best of 2 backlogs, each drained from a paused relay")
+        limit_rows(b, S, b.BACKLOG, ours, lim, "the same cluster")
+        b.set_conf(conn, "outbox.enabled", "on")
+        tick = ("SELECT outbox.emit('ktick', (:client_id * 100000 + (random() * 10000)::int)::text,"
+                " 'tick', jsonb_build_object('t', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,"
+                f" 'pad', '{b.PAD}'));\n")
+        b.q(conn, "SELECT outbox.emit('ktick', '0', 'tick', '{}')")
+        time.sleep(2)
+        lat = b.latency_run(server, boot, "outbox.event.ktick", tick, b.LAT_SECS, 100)
+        b.row(S, "outbox: p50/p95/p99 at 100 ev/s",
+              f"{b.pct(lat, 50):.1f}/{b.pct(lat, 95):.1f}/{b.pct(lat, 99):.1f}", "ms", "",
+              f"{len(lat)} events; commit to arrival at a kcat consumer")
+        b.set_conf(conn, "outbox.enabled", "off")
+    finally:
+        b.set_conf(conn, "outbox.kafka_brokers", mock)
+        subprocess.run([b.APACHE_TOOL, "down", kdir], capture_output=True)
+
+
+# ---------------------------------------------------------------- scaling
+
+PAYLOADS = (100, 1000, 10000)
+AGGREGATES = (1, 100, 10000)
+
+
+def scaling_count(b, payload):
+    """events per case: about 200 MB of payload at most"""
+    if b.SMOKE:
+        return 2_000
+    n = 200_000 if payload <= 1000 else 20_000
+    return n // 4 if b.QUICK else n
+
+
+def backlog(b, conn, agg, n, payload, aggregates):
+    """n events of about payload bytes of JSON over aggregates ids; the pad
+    is random hex, which pglz does not shrink, as real payloads of that size
+    seldom shrink much"""
+    rnd = random.Random(payload * 7 + aggregates)
+    pad = "".join(rnd.choice("0123456789abcdef") for _ in range(max(0, payload - 45)))
+    done = 0
+    while done < n:
+        k = min(20_000, n - done)
+        b.q(conn, """SELECT count(outbox.emit(%s, (g %% %s)::text, 'account.updated',
+                            jsonb_build_object('account', g %% %s, 'amount', g, 'pad', %s)))
+                     FROM generate_series(%s, %s) g""",
+            agg, aggregates, aggregates, pad, done, done + k - 1)
+        done += k
+
+
+def bench_scaling(b, server, conn, brokers):
+    """the relay's drain and the producer limit over payload size and
+    aggregate count, on the mock cluster"""
+    S = "scaling"
+    plain = {}
+    for payload in PAYLOADS:
+        for aggs in AGGREGATES:
+            agg = f"s{payload}a{aggs}"
+            n = scaling_count(b, payload)
+            backlog(b, conn, agg, n, payload, aggs)
+            b.q(conn, "VACUUM ANALYZE outbox.events")
+            size = b.q1(conn, "SELECT avg(octet_length(payload::text))::int FROM outbox.events"
+                        " WHERE aggregate_type = %s", agg)
+            path = message_file(b, conn, agg, f"outbox.event.{agg}bare")
+            try:
+                pr = producer_limit(b, brokers, path)
+            finally:
+                os.unlink(path)
+            ours = plain[(payload, aggs)] = b.drain_outbox(conn, n)
+            b.row(S, f"payload {payload:,} B, {aggs:,} aggregate{'s' if aggs > 1 else ''}",
+                  b.fmt(ours), "ev/s", f"{ours / pr:.2f}",
+                  f"{n:,} events of {size:,} B JSON, {ours * size / 1e6:.0f} MB/s of payload;"
+                  f" ratio to the producer limit ({b.fmt(pr)} msg/s)")
+    compression(b, conn, plain[(1000, 10000)])
+
+
+def compression(b, conn, plain):
+    """the 1 kB, 10,000-aggregate drain with librdkafka compressing, as
+    outbox.kafka_config may ask (compression.type)"""
+    config = b.q1(conn, "SHOW outbox.kafka_config")
+    n = scaling_count(b, 1000)
+    try:
+        for codec in ("lz4", "zstd"):
+            agg = f"s1000{codec}"
+            b.set_conf(conn, "outbox.kafka_config", f"{config};compression.type={codec}")
+            backlog(b, conn, agg, n, 1000, 10000)
+            b.q(conn, "VACUUM ANALYZE outbox.events")
+            ours = b.drain_outbox(conn, n)
+            b.row("scaling", f"payload 1,000 B, 10,000 aggregates, compression.type={codec}",
+                  b.fmt(ours), "ev/s", f"{ours / plain:.2f}",
+                  f"{n:,} events; ratio to the same drain uncompressed; the payload is random hex,"
+                  " which compresses to about half")
+    finally:
+        b.set_conf(conn, "outbox.kafka_config", config)
