@@ -15,7 +15,7 @@ it is compared with:
               returning the same rows) and the producer limit (a bare
               librdkafka producer sending the same messages from memory),
               with "outbox drain / limit" (test/bench/bench_drain.py)
-  drain-kafka the same drain and limits on the 3-broker Apache Kafka
+  drain-kafka  the same drain and limits on the 3-broker Apache Kafka
               (test/kafka/apache), and the latency at 100 events/s there
   scaling     the drain for payloads of 100 B, 1 kB and 10 kB over 1, 100
               and 10,000 aggregates, each against its producer limit

@@ -12,7 +12,11 @@ in the same run as the relay's drain of the same events:
                   with the same keys, values and headers, from memory into
                   the same cluster, each acknowledged
 
-"outbox drain / limit" is the relay's drain over the lower of the two.
+"outbox drain / limit" is the relay's drain over the lower of the two;
+"outbox drain / one-process limit" over 1 / (1/read + 1/producer), what
+one process that reads and then sends each event could reach if nothing
+overlapped (the relay overlaps the acknowledgements of one page with the
+reading of the next).
 The sections: drain (the mock cluster, in bench.py), drain-kafka (the
 3-broker Apache Kafka of test/kafka/apache, and the latency at 100 ev/s
 there) and scaling (the drain for payloads of 100 B, 1 kB and 10 kB over
@@ -125,6 +129,10 @@ def limit_rows(b, section, n, ours, lim, kafka):
     low = "read" if rd < pr else "producer"
     b.row(section, "outbox drain / limit", b.fmt(ours), "ev/s", f"{ours / min(rd, pr):.2f}",
           f"ratio to the lower limit ({low})")
+    serial = 1 / (1 / rd + 1 / pr)
+    b.row(section, "outbox drain / one-process limit", b.fmt(ours), "ev/s", f"{ours / serial:.2f}",
+          f"ratio to {b.fmt(serial)} ev/s, one read and one send per event done one after"
+          " the other (1 / (1/read + 1/producer)): the relay reads and sends in one process")
 
 
 # ------------------------------------------------------------ drain-kafka
@@ -204,7 +212,6 @@ def bench_scaling(b, server, conn, brokers):
     """the relay's drain and the producer limit over payload size and
     aggregate count, on the mock cluster"""
     S = "scaling"
-    plain = {}
     for payload in PAYLOADS:
         for aggs in AGGREGATES:
             agg = f"s{payload}a{aggs}"
@@ -215,32 +222,47 @@ def bench_scaling(b, server, conn, brokers):
                         " WHERE aggregate_type = %s", agg)
             path = message_file(b, conn, agg, f"outbox.event.{agg}bare")
             try:
-                pr = producer_limit(b, brokers, path)
+                pr = max(producer_limit(b, brokers, path) for _ in range(2))
             finally:
                 os.unlink(path)
-            ours = plain[(payload, aggs)] = b.drain_outbox(conn, n)
+            ours = b.drain_outbox(conn, n)
+            # best of 2, as the producer limit
+            backlog(b, conn, agg + "b", n, payload, aggs)
+            b.q(conn, "VACUUM ANALYZE outbox.events")
+            ours = max(ours, b.drain_outbox(conn, n))
             b.row(S, f"payload {payload:,} B, {aggs:,} aggregate{'s' if aggs > 1 else ''}",
                   b.fmt(ours), "ev/s", f"{ours / pr:.2f}",
                   f"{n:,} events of {size:,} B JSON, {ours * size / 1e6:.0f} MB/s of payload;"
-                  f" ratio to the producer limit ({b.fmt(pr)} msg/s)")
-    compression(b, conn, plain[(1000, 10000)])
+                  f" ratio to the producer limit ({b.fmt(pr)} msg/s); each best of 2")
+    compression(b, conn)
 
 
-def compression(b, conn, plain):
+def compression(b, conn):
     """the 1 kB, 10,000-aggregate drain with librdkafka compressing, as
-    outbox.kafka_config may ask (compression.type)"""
+    outbox.kafka_config may ask (compression.type): drains and the relay's
+    CPU per event, the codecs taken in turn, twice"""
     config = b.q1(conn, "SHOW outbox.kafka_config")
-    n = scaling_count(b, 1000)
+    n = scaling_count(b, 1000) // 2
+    res = {c: [] for c in ("none", "lz4", "zstd")}
     try:
-        for codec in ("lz4", "zstd"):
-            agg = f"s1000{codec}"
-            b.set_conf(conn, "outbox.kafka_config", f"{config};compression.type={codec}")
-            backlog(b, conn, agg, n, 1000, 10000)
-            b.q(conn, "VACUUM ANALYZE outbox.events")
-            ours = b.drain_outbox(conn, n)
-            b.row("scaling", f"payload 1,000 B, 10,000 aggregates, compression.type={codec}",
-                  b.fmt(ours), "ev/s", f"{ours / plain:.2f}",
-                  f"{n:,} events; ratio to the same drain uncompressed; the payload is random hex,"
-                  " which compresses to about half")
+        for r in range(2):
+            for codec in (res if r == 0 else list(res)[::-1]):
+                agg = f"s1000{codec}{r}"
+                b.set_conf(conn, "outbox.kafka_config", f"{config};compression.type={codec}")
+                backlog(b, conn, agg, n, 1000, 10000)
+                b.q(conn, "VACUUM ANALYZE outbox.events")
+                pid = b.relay_pid(conn)
+                t0 = b.cpu_ticks(pid)
+                rate = b.drain_outbox(conn, n)
+                cpu_us = (b.cpu_ticks(pid) - t0) * 1e6 / os.sysconf("SC_CLK_TCK") / n
+                res[codec].append((rate, cpu_us))
     finally:
         b.set_conf(conn, "outbox.kafka_config", config)
+    base = max(r for r, _ in res["none"])
+    base_cpu = min(c for _, c in res["none"])
+    for codec, runs in res.items():
+        rate, cpu = max(r for r, _ in runs), min(c for _, c in runs)
+        b.row("scaling", f"payload 1,000 B, 10,000 aggregates, compression.type={codec}",
+              b.fmt(rate), "ev/s", f"{rate / base:.2f}",
+              f"{n:,} events, best of 2; relay CPU {cpu:.1f} us/event ({cpu / base_cpu:.2f} of none);"
+              " ratio to none; the payload's pad is random hex digits")

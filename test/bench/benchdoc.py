@@ -150,7 +150,7 @@ def intro(known):
         "section against a throwaway server and the test broker:",
         "",
         "```sh",
-        "test/bench/run-bench --write-docs                          # every section but eos, debezium and retention, about 15 minutes",
+        "test/bench/run-bench --write-docs                          # every section but eos, debezium and retention, about 35 minutes",
         "test/bench/run-bench --quick --sections=emit --write-docs  # one section, smaller and shorter runs",
         "test/bench/run-bench --sections=debezium --write-docs      # Apache Kafka and Debezium Server (downloads them)",
         "test/bench/run-bench --sections=retention --write-docs     # the log's cleanup under load, about 25 minutes",
