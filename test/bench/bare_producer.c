@@ -227,6 +227,16 @@ tick(const char *brokers, const char *topic, double rate, double secs,
 	rd_kafka_destroy(rk);
 }
 
+/* wait for every delivery report, say how long count took, and close */
+static void
+finish(rd_kafka_t *rk, long count, double start)
+{
+	while (pending > 0)
+		rd_kafka_poll(rk, 100);
+	printf("produced %ld in %.3f s, %ld failed\n", count, mono_s() - start, failed);
+	rd_kafka_destroy(rk);
+}
+
 /* COUNT messages of BYTES bytes over KEYS keys, as fast as they go */
 static void
 drain(const char *brokers, const char *topic, long count, long bytes, long keys)
@@ -248,11 +258,8 @@ drain(const char *brokers, const char *topic, long count, long bytes, long keys)
 		if (i % 1000 == 0)
 			rd_kafka_poll(rk, 0);
 	}
-	while (pending > 0)
-		rd_kafka_poll(rk, 100);
-	printf("produced %ld in %.3f s, %ld failed\n", count, mono_s() - start, failed);
+	finish(rk, count, start);
 	free(value);
-	rd_kafka_destroy(rk);
 }
 
 /* the relay's own headers, in the order of src/kafka/message.c */
@@ -358,10 +365,7 @@ messages(const char *brokers, const char *path)
 		if (i % 1000 == 0)
 			rd_kafka_poll(rk, 0);
 	}
-	while (pending > 0)
-		rd_kafka_poll(rk, 100);
-	printf("produced %ld in %.3f s, %ld failed\n", count, mono_s() - start, failed);
-	rd_kafka_destroy(rk);
+	finish(rk, count, start);
 }
 
 int
