@@ -216,6 +216,8 @@ extern int	OutboxPinSearchPath(void);
 extern void OutboxUnpinSearchPath(int level);
 extern SPIPlanPtr OutboxSpiPrepare(const char *sql, int nargs, Oid *types,
 								   const char *what);
+extern SPIPlanPtr OutboxSpiPrepareGeneric(const char *sql, int nargs,
+										  Oid *types, const char *what);
 extern Datum OutboxSpiValue(int col, bool *isnull);
 extern void OutboxSpiExec(const char *sql, int nargs, Oid *types, Datum *values,
 						  const char *nulls, bool read_only, long count,

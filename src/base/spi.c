@@ -57,6 +57,18 @@ OutboxUnpinSearchPath(int level)
 	AtEOXact_GUC(true, level);
 }
 
+static SPIPlanPtr
+prepare(const char *sql, int nargs, Oid *types, int options, const char *what)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, types, options);
+
+	if (plan == NULL)
+		elog(ERROR, "could not prepare %s: %s", what,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
 /*
  * OutboxSpiPrepare
  *		Prepare one of the extension's statements and keep the plan for the
@@ -67,13 +79,21 @@ OutboxUnpinSearchPath(int level)
 SPIPlanPtr
 OutboxSpiPrepare(const char *sql, int nargs, Oid *types, const char *what)
 {
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, types);
+	return prepare(sql, nargs, types, 0, what);
+}
 
-	if (plan == NULL)
-		elog(ERROR, "could not prepare %s: %s", what,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
+/*
+ * OutboxSpiPrepareGeneric
+ *		OutboxSpiPrepare for a statement whose plan must not depend on its
+ *		parameters' values, and is planned once: a custom plan is planned
+ *		at every run, which for a statement run per page of one event costs
+ *		more than running it (the planner may also read an index's end to
+ *		estimate a range past its statistics).
+ */
+SPIPlanPtr
+OutboxSpiPrepareGeneric(const char *sql, int nargs, Oid *types, const char *what)
+{
+	return prepare(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN, what);
 }
 
 /*

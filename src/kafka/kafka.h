@@ -198,6 +198,7 @@ extern void OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event);
 extern int	OutboxProducerServe(OutboxProducer *producer);
 extern int	OutboxProducerBrokersUp(OutboxProducer *producer);
 extern bool OutboxProducerAllBrokersDown(OutboxProducer *producer);
+extern void OutboxProducerSendNow(OutboxProducer *producer);
 extern void OutboxProducerPurge(OutboxProducer *producer);
 extern bool OutboxProducerTakeError(OutboxProducer *producer, char *buf,
 									size_t len, int *count, int *fatal);

@@ -23,10 +23,10 @@
  *	  duplicate nor reorder a partition's messages.
  *	- Messages are produced with RD_KAFKA_MSG_F_COPY: the relay may free its
  *	  page memory once every delivery report of the page has been served.
- *	- While the relay works, the only blocking librdkafka call, a new
- *	  topic's metadata fetch, is bounded (kafka_topic.c), and the relay checks
- *	  for shutdown between two; the topics a producer remembers are bounded
- *	  too.  rd_kafka_destroy (a rebuild, the exit) waits for librdkafka's
+ *	- While the relay works, its blocking librdkafka calls are bounded: a
+ *	  new topic's metadata fetch (kafka_topic.c), between two of which the
+ *	  relay checks for shutdown, and OutboxProducerSendNow's SEND_NOW_MS;
+ *	  the topics a producer remembers are bounded too.  rd_kafka_destroy (a rebuild, the exit) waits for librdkafka's
  *	  threads to end; it comes after a purge, so it waits on no broker's
  *	  answer, but librdkafka sets it no bound of its own.
  *
@@ -733,6 +733,24 @@ OutboxProducerServe(OutboxProducer *producer)
 {
 	rd_kafka_poll(producer->rk, 0);
 	return producer->pending;
+}
+
+/*
+ * OutboxProducerSendNow
+ *		Have librdkafka send what is queued now rather than after linger.ms:
+ *		for a caller that has queued all it has.  librdkafka's one way is
+ *		rd_kafka_flush, which waives linger.ms only while it runs and wakes
+ *		the broker threads to see it: it runs for SEND_NOW_MS, which is
+ *		linger.ms's default (a message queued that long goes at once
+ *		anyway), and returns sooner once every report is in.  It serves the
+ *		reports that arrive meanwhile, as OutboxProducerServe does.
+ */
+#define SEND_NOW_MS 1
+
+void
+OutboxProducerSendNow(OutboxProducer *producer)
+{
+	(void) rd_kafka_flush(producer->rk, SEND_NOW_MS);
 }
 
 /*

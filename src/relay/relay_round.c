@@ -253,6 +253,15 @@ OutboxRelaySendRound(Relay *r, RelayPage *pg)
 			any_refused = true;
 	}
 	pg->rounds++;
+
+	/*
+	 * The last page of a batch, short of a full page: the relay has caught
+	 * up, and the page is all it has to send.  Waiting out linger.ms would
+	 * only delay it.  (Under exactly_once, the commit sends it.)
+	 */
+	if (pg->sent > 0 && pg->done && !pg->replay && pg->drain == NULL &&
+		pg->n < outbox_batch_size && !RELAY_TRANSACTIONAL(r))
+		OutboxProducerSendNow(r->producer);
 }
 
 /*
