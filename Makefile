@@ -82,7 +82,7 @@ test-broker:
 
 # the 3xx TAP files run Apache Kafka: fetched through Maven once
 kafka-lib:
-	@case "$(PROVE_TESTS)" in *test/t/3* | *test/drills/* | *'test/t/*.pl'*) test/kafka/apache fetch ;; esac
+	@case "$(PROVE_TESTS)" in *test/t/3* | *test/drills/* | *test/soak/* | *'test/t/*.pl'*) test/kafka/apache fetch ;; esac
 
 installcheck: test-broker kafka-lib
 

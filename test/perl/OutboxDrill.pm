@@ -433,7 +433,9 @@ may be the same aggregate) and records their ids in drill_committed.
 Params: seconds (30), rate (100), clients (4), aggregates (200), prefix
 ("a-"), payload_bytes (filler per payload, 50), types (["drill"]: with
 several, each transaction draws one aggregate type, so under the default
-template one topic, and emits its two events for aggregates of it).
+template one topic, and emits its two events for aggregates of it),
+script (a pgbench script of the caller's to run instead, with the same
+loop, clients and rate).
 
 =cut
 
@@ -470,6 +472,12 @@ sub start
 	  . $one->('hi')
 	  . "COMMIT;\n";
 	close $fh;
+	if (defined $p{script})
+	{
+		open $fh, '>', $script or croak "could not write $script: $!";
+		print $fh $p{script};
+		close $fh;
+	}
 
 	# the loop ends at the deadline; each pgbench run gets what is left
 	my $loop = sprintf(
