@@ -60,8 +60,9 @@ our $KEYS = 30;
 
 SIGKILL to the node's postmaster and every child of it, in one kill call,
 so that none of them does anything after the others are gone (no
-walsender flushes a last message, no backend finishes a commit).  The
-node is then known as stopped.
+walsender flushes a last message, no backend finishes a commit); returns
+once the postmaster is gone (at most 30 s), so that the node can be
+started again.  The node is then known as stopped.
 
 =cut
 
@@ -85,6 +86,8 @@ sub kill_all_processes
 	closedir $proc;
 	note "killing postmaster $pm and its " . scalar(@children) . " children at once";
 	kill 'KILL', $pm, @children;
+	my $gone = time() + 30;
+	usleep(50_000) while kill(0, $pm) && time() < $gone;
 	# the framework's own record of the postmaster: kill9 clears it
 	$node->kill9;
 	return;
