@@ -24,13 +24,19 @@ RDKAFKA_LIBS := $(shell pkg-config --libs rdkafka 2>/dev/null)
 ifeq ($(shell pkg-config --exists rdkafka && echo yes),)
 $(error librdkafka not found by pkg-config: install librdkafka-dev (Debian) and pkg-config)
 endif
+# Avro through a schema registry: avro-c encodes, libcurl asks the registry
+AVRO_CFLAGS := $(shell pkg-config --cflags avro-c libcurl 2>/dev/null)
+AVRO_LIBS := $(shell pkg-config --libs avro-c libcurl 2>/dev/null)
+ifeq ($(shell pkg-config --exists avro-c libcurl && echo yes),)
+$(error avro-c or libcurl not found by pkg-config: install libavro-dev and libcurl4-openssl-dev (Debian))
+endif
 # a room's header is named by its folder: #include "relay/relay.h"
-PG_CPPFLAGS = -I$(srcdir)/src $(RDKAFKA_CFLAGS)
-SHLIB_LINK = $(RDKAFKA_LIBS)
+PG_CPPFLAGS = -I$(srcdir)/src $(RDKAFKA_CFLAGS) $(AVRO_CFLAGS)
+SHLIB_LINK = $(RDKAFKA_LIBS) $(AVRO_LIBS)
 
 # pg_regress (test/sql, test/expected): emit() without preload, against a
 # throwaway instance
-REGRESS = setup emit emit_shapes capture privileges settings replay sequence inbox subscription drop
+REGRESS = setup emit emit_shapes avro capture privileges settings replay sequence inbox subscription drop
 REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 # isolation: concurrency claims

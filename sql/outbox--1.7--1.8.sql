@@ -829,3 +829,29 @@ COMMENT ON COLUMN outbox.status.kept_generations IS
 	'closed generations of the log not emptied yet (outbox.generations)';
 COMMENT ON COLUMN outbox.status.log_waits_for IS
 	'what keeps the oldest kept generation from being emptied; NULL: nothing';
+
+/*
+ * Avro through a schema registry: the latest schema of each topic of
+ * outbox.avro_topics, as the relay last fetched it from
+ * outbox.schema_registry_url (subject <topic>-value), so that validate()
+ * checks a payload without the network.  Written by the relay only; not
+ * dumped: the relay fetches it again.
+ */
+CREATE TABLE outbox.schemas (
+	topic			text PRIMARY KEY,
+	schema_id		integer NOT NULL,
+	schema			text NOT NULL,
+	fetched_at		timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE outbox.schemas IS
+	'The latest Avro schema of each topic in outbox.avro_topics, as the relay last fetched it from the schema registry';
+REVOKE ALL ON outbox.schemas FROM PUBLIC;
+
+CREATE FUNCTION outbox.validate(topic text, payload jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_validate'
+LANGUAGE C STABLE STRICT PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION outbox.validate(text, jsonb) IS
+	'Whether payload fits the Avro schema the relay would encode it with on topic: NULL when it does, else the reason; no network';
+REVOKE ALL ON FUNCTION outbox.validate(text, jsonb) FROM PUBLIC;

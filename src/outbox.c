@@ -25,6 +25,7 @@
 #include "shmem/shmem.h"
 #include "kafka/kafka.h"
 #include "emit/emit.h"
+#include "registry/registry.h"
 #include "relay/relay.h"
 #include "launcher/launcher.h"
 
@@ -52,6 +53,12 @@ char	   *outbox_allowed_topics;
 char	   *outbox_kafka_brokers;
 char	   *outbox_kafka_config;
 char	   *outbox_kafka_secrets_file;
+
+/* Avro through a schema registry (registry/) */
+char	   *outbox_schema_registry_url;
+char	   *outbox_avro_topics;
+int			outbox_schema_registry_refresh;
+int			outbox_schema_registry_timeout;
 
 /* how the relays read, wait and clean up */
 int			outbox_batch_size;
@@ -205,6 +212,46 @@ static bool
 check_kafka_secrets_file(char **newval, void **extra, GucSource source)
 {
 	return check_with(OutboxKafkaCheckSecretsFile, *newval);
+}
+
+/* the schema registry: an http(s) URL without credentials */
+static bool
+check_schema_registry_url(char **newval, void **extra, GucSource source)
+{
+	const char *why = NULL;
+
+	if (OutboxRegistryUrlIsValid(*newval, &why))
+		return true;
+	/* not quoted: a URL refused for its credentials would show them */
+	GUC_check_errmsg("invalid value for parameter \"outbox.schema_registry_url\"");
+	GUC_check_errdetail("%s", why);
+	return false;
+}
+
+/* the Avro topics: "*", or legal topic names separated by commas */
+static bool
+check_avro_topics(char **newval, void **extra, GucSource source)
+{
+	char	   *copy = pstrdup(*newval ? *newval : "");
+	char	   *item;
+	char	   *save = NULL;
+
+	for (item = strtok_r(copy, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save))
+	{
+		char	   *end = item + strlen(item);
+
+		while (*item == ' ')
+			item++;
+		while (end > item && end[-1] == ' ')
+			*--end = '\0';
+		if (strcmp(item, "*") != 0 && !OutboxTopicNameIsLegal(item))
+		{
+			GUC_check_errdetail("\"%.64s\" is not a topic name: a topic name has 1 to 249 characters from [A-Za-z0-9._-] and is not \".\" or \"..\".",
+								item);
+			return false;
+		}
+	}
+	return true;
 }
 
 /* the progress topic: a legal Kafka topic name */
@@ -382,6 +429,45 @@ define_kafka_settings(void)
 							   "",
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
 							   check_kafka_config, assign_kafka_config, NULL);
+}
+
+/* Avro through a schema registry */
+static void
+define_registry_settings(void)
+{
+	DefineCustomStringVariable("outbox.schema_registry_url",
+							   "The schema registry's Confluent-compatible API, as http(s)://host:port/path.",
+							   "The relays fetch the Avro topics' schemas from it.  Credentials go in "
+							   "outbox.kafka_secrets_file (schema.registry.basic.auth.user.info).",
+							   &outbox_schema_registry_url,
+							   "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
+							   check_schema_registry_url, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.avro_topics",
+							   "Topics whose events' JSON payloads the relays encode as Avro, comma-separated, or *.",
+							   "Each with the latest schema of subject <topic>-value in the schema registry, "
+							   "framed in the registries' wire format.",
+							   &outbox_avro_topics,
+							   "",
+							   PGC_SIGHUP, 0,
+							   check_avro_topics, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.schema_registry_refresh",
+							"How long a relay uses a topic's schema before asking the registry for the latest again.",
+							NULL,
+							&outbox_schema_registry_refresh,
+							300, 1, 86400,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.schema_registry_timeout",
+							"How long a relay waits for the schema registry's answer.",
+							NULL,
+							&outbox_schema_registry_timeout,
+							5000, 100, 60000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
 }
 
 /* how the relays read, publish, retry and wait */
@@ -629,6 +715,7 @@ _PG_init(void)
 {
 	define_emit_settings();
 	define_kafka_settings();
+	define_registry_settings();
 	define_relay_settings();
 	define_failure_settings();
 	define_delivery_settings();

@@ -129,7 +129,9 @@ typedef enum OutboxErrorClass
 	OUTBOX_ERROR_NONE = 0,
 	OUTBOX_ERROR_TRANSIENT,
 	OUTBOX_ERROR_PERMANENT,
-	OUTBOX_ERROR_FATAL
+	OUTBOX_ERROR_FATAL,
+	OUTBOX_ERROR_SCHEMA			/* an Avro topic's payload does not fit its
+								 * schema: quarantined before any send */
 } OutboxErrorClass;
 
 /* settings (outbox.c) */
@@ -141,6 +143,10 @@ extern char *outbox_tenant;
 extern char *outbox_kafka_brokers;
 extern char *outbox_kafka_config;
 extern char *outbox_kafka_secrets_file;
+extern char *outbox_schema_registry_url;
+extern char *outbox_avro_topics;
+extern int	outbox_schema_registry_refresh;
+extern int	outbox_schema_registry_timeout;
 extern int	outbox_kafka_message_max_bytes;
 extern char *outbox_allowed_topics;
 extern int	outbox_batch_size;

@@ -66,6 +66,8 @@ typedef struct OutboxEvent
 	TimestampTz first_failed_at;
 	TimestampTz last_failed_at;
 	char	   *blocked_by;		/* parked: event id of the quarantined head */
+	char	   *error_text;		/* the refusal when no delivery error says it
+								 * (class schema); NULL otherwise */
 
 	/* replay pages only */
 	int64		queue_position;
@@ -172,7 +174,12 @@ typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
 /* a subscription's session.timeout.ms unless outbox.kafka_config sets it */
 #define OUTBOX_KAFKA_SESSION_TIMEOUT_MS 10000
 
+/* the secrets file's entry of the schema registry's user:password */
+#define OUTBOX_REGISTRY_AUTH_PROPERTY "schema.registry.basic.auth.user.info"
+
 extern bool OutboxKafkaPropertyIsSecret(const char *name);
+extern char *OutboxKafkaSecretValue(const char *name);
+extern const char *OutboxKafkaSecretsText(void);
 extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
 											  bool from_secrets, bool *by_value);
 extern bool OutboxKafkaConfigConflict(const char *text, char **detail, char **hint);

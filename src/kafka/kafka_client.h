@@ -57,7 +57,6 @@ struct OutboxProducer
 /* producer.c, for kafka_consumer.c */
 extern rd_kafka_conf_t *OutboxKafkaClientConf(const char *const (*defaults)[2],
 											   int ndefaults, char **errmsg);
-extern const char *OutboxKafkaSecretsText(void);
 
 /* kafka_topic.c */
 extern void OutboxKafkaChoosePartitioner(OutboxProducer *producer,

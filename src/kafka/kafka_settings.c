@@ -205,6 +205,8 @@ OutboxKafkaPropertyRefusal(const char *name, const char *value, bool from_secret
 	int			i;
 
 	*by_value = false;
+	if (strcmp(name, OUTBOX_REGISTRY_AUTH_PROPERTY) == 0 && !from_secrets)
+		return "The schema registry's credentials go in outbox.kafka_secrets_file.";
 	for (i = 0; i < lengthof(reserved_properties); i++)
 		if (names(name, reserved_properties[i][0]))
 			return reserved_properties[i][1];
@@ -382,4 +384,31 @@ OutboxKafkaReadSecretsText(const char *path, OutboxKafkaJudge judge, void *arg,
 fail:
 	FreeFile(f);
 	return NULL;
+}
+
+/*
+ * OutboxKafkaSecretValue
+ *		The value the secrets file as last read gives name (the last entry
+ *		of it), palloc'd, or NULL.  For outbox's own entries
+ *		(OUTBOX_REGISTRY_AUTH_PROPERTY), which librdkafka never sees; the
+ *		caller never shows it.
+ */
+char *
+OutboxKafkaSecretValue(const char *name)
+{
+	char	   *copy = pstrdup(OutboxKafkaSecretsText());
+	char	   *item;
+	char	   *save = NULL;
+	char	   *result = NULL;
+
+	for (item = strtok_r(copy, ";", &save); item != NULL;
+		 item = strtok_r(NULL, ";", &save))
+	{
+		char	   *n;
+		char	   *v;
+
+		if (OutboxKafkaSplitProperty(item, &n, &v) && strcmp(n, name) == 0)
+			result = v;
+	}
+	return result ? pstrdup(result) : NULL;
 }

@@ -272,6 +272,8 @@ OutboxErrorClassName(OutboxErrorClass c)
 			return "permanent";
 		case OUTBOX_ERROR_FATAL:
 			return "fatal";
+		case OUTBOX_ERROR_SCHEMA:
+			return "schema";
 	}
 	return "unknown";
 }

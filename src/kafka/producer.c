@@ -70,6 +70,8 @@ apply_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 	const char *why = OutboxKafkaPropertyRefusal(name, value, where != NULL, &by_value);
 	char		errstr[512];
 
+	if (why == NULL && strcmp(name, OUTBOX_REGISTRY_AUTH_PROPERTY) == 0)
+		return true;			/* outbox's own entry: not librdkafka's */
 	if (why != NULL)
 	{
 		if (where != NULL && by_value)

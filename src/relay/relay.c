@@ -193,7 +193,7 @@ relay_wait(Relay *r, long timeout_ms, uint32 wait_event)
 		ConfigReloadPending = false;
 		ProcessConfigFile(PGC_SIGHUP);
 		/* a rewritten secrets file counts as changed settings */
-		OutboxKafkaReadSecretsFile(r->cxt);
+		OutboxRelayReadSecrets(r);
 	}
 
 	/*
@@ -445,17 +445,12 @@ step_send(Relay *r)
 		return RELAY_STEP_RECORD;
 	if (first && !OutboxRelayStandbysHave(r, pg))
 		return RELAY_STEP_STANDBY;
-	if (first)
+	if (first && !OutboxRelayPreparePage(r, pg))
+		return enter_back_off(r, RELAY_STEP_SEND);
+	if (first && RELAY_TRANSACTIONAL(r))
 	{
-		/* counts change between pages only (kafka_topic.c) */
-		OutboxProducerRecountTopics(r->producer);
-		if (!pg->replay)
-			OutboxRelayParkBlocked(r, pg);
-		if (RELAY_TRANSACTIONAL(r))
-		{
-			OutboxRelayTxnSkipSettled(r, pg);
-			OutboxRelayTxnPrerecord(r, pg);
-		}
+		OutboxRelayTxnSkipSettled(r, pg);
+		OutboxRelayTxnPrerecord(r, pg);
 	}
 	/* exactly_once: every round of the page goes out in its transaction */
 	if (RELAY_TRANSACTIONAL(r) && OutboxRelayPagePending(pg))
@@ -722,7 +717,7 @@ relay_start(Relay *r, Oid dboid)
 	r->blocked_stale = true;
 	r->replays_due = true;
 	r->wait_set = OutboxWorkerStart(r->cxt, r->event_pipe, "relay");
-	OutboxKafkaReadSecretsFile(r->cxt);
+	OutboxRelayReadSecrets(r);
 	if ((crashing = OutboxKafkaKnownCrash()) != NULL)
 		ereport(WARNING,
 				(errmsg("librdkafka %s can crash the relay on a topic error in a metadata answer",

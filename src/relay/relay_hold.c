@@ -62,6 +62,7 @@
 #include "shmem/shmem.h"
 #include "kafka/kafka.h"
 #include "store/store.h"
+#include "registry/registry.h"
 
 #define HOLD_PROBE_RETRY_MS	1000	/* after a probe librdkafka refused */
 #define HOLD_TABLE_CHECK_MS	10000	/* looking for outbox.held after an update */
@@ -398,6 +399,7 @@ OutboxRelaySendProbes(Relay *r)
 	ListCell   *lc;
 	TimestampTz now = GetCurrentTimestamp();
 	bool		in_txn = false;
+	char		err[OUTBOX_REGISTRY_ERROR_LEN];
 
 	foreach(lc, r->holds)
 	{
@@ -420,6 +422,21 @@ OutboxRelaySendProbes(Relay *r)
 		}
 		h->probe = &events[0];
 		h->probe->probe = true;
+		if (OutboxRelayIsAvro(h->probe))
+		{
+			/* the registry may be asked: with no transaction open */
+			OutboxRelayEndTxn(r);
+			in_txn = false;
+			if (OutboxRelayEncodeAvro(r, h->probe_cxt, h->probe, err, sizeof(err)) != RELAY_AVRO_ENCODED)
+			{
+				/* no schema now (said), or the event fits it no more: later */
+				if (err[0] != '\0')
+					OutboxRelayReportError(r, "a held event does not fit its topic's Avro schema now", err);
+				h->probe = NULL;
+				h->next_probe = TimestampTzPlusMilliseconds(now, HOLD_PROBE_RETRY_MS);
+				continue;
+			}
+		}
 		OutboxProducerSend(r->producer, h->probe);
 		if (h->probe->delivery_err != OUTBOX_DELIVERY_PENDING)
 		{

@@ -467,6 +467,7 @@ OutboxRelayCleanup(Relay *r)
 	bool		look;
 
 	OutboxRelayRotate(r);
+	OutboxRelayFetchSchemas(r);
 	if (now < r->next_cleanup)
 		return;
 

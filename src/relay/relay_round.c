@@ -41,6 +41,7 @@
 #include "shmem/shmem.h"
 #include "kafka/kafka.h"
 #include "store/store.h"
+#include "registry/registry.h"
 
 #define RELAY_STALL_REPORT_MS	2000	/* acks this late are reported */
 
@@ -130,8 +131,14 @@ quarantine(Relay *r, RelayPage *pg, int i)
 
 	head->disposition = OUTBOX_EVENT_QUARANTINED;
 	ereport(LOG,
-			(errmsg("outbox relay quarantined event %s after %d attempts",
+			(head->error_text ?
+			 errmsg("outbox relay quarantined event %s: its payload does not fit its topic's Avro schema",
+					head->event_id) :
+			 errmsg("outbox relay quarantined event %s after %d attempts",
 					head->event_id, head->attempts),
+			 head->error_text ?
+			 errdetail("Topic \"%s\", aggregate %s/%s: %s.", head->topic,
+					   head->aggregate_type, head->aggregate_id, head->error_text) :
 			 errdetail("Kafka refused it with %s (aggregate %s/%s, topic \"%s\").",
 					   OutboxDeliveryErrorText(head->last_err, head->last_err_local),
 					   head->aggregate_type,
@@ -149,6 +156,49 @@ quarantine(Relay *r, RelayPage *pg, int i)
 			pg->events[j].disposition = OUTBOX_EVENT_PARKED;
 			pg->events[j].blocked_by = head->event_id;
 		}
+}
+
+/*
+ * OutboxRelayPreparePage
+ *		Before a page's first round: the topics' partition counts taken
+ *		again, a batch page's events of blocked aggregates parked, and the
+ *		Avro topics' events encoded, in id order, one that does not fit its
+ *		schema quarantined (its later events park behind it).  False when
+ *		an Avro topic has no schema now: the page waits.
+ */
+bool
+OutboxRelayPreparePage(Relay *r, RelayPage *pg)
+{
+	char		err[OUTBOX_REGISTRY_ERROR_LEN];
+	int			i;
+
+	/* counts change between pages only (kafka_topic.c) */
+	OutboxProducerRecountTopics(r->producer);
+	if (!pg->replay)
+		OutboxRelayParkBlocked(r, pg);
+	for (i = 0; i < pg->n; i++)
+	{
+		OutboxEvent *ev = &pg->events[i];
+
+		if (ev->disposition != OUTBOX_EVENT_PENDING)
+			continue;
+		switch (OutboxRelayEncodeAvro(r, pg->cxt, ev, err, sizeof(err)))
+		{
+			case RELAY_AVRO_NONE:
+			case RELAY_AVRO_ENCODED:
+				break;
+			case RELAY_AVRO_UNAVAILABLE:
+				return false;
+			case RELAY_AVRO_UNFIT:
+				ev->error_text = MemoryContextStrdup(pg->cxt, err);
+				ev->last_class = OUTBOX_ERROR_SCHEMA;
+				ev->attempts = 1;
+				ev->first_failed_at = ev->last_failed_at = GetCurrentTimestamp();
+				quarantine(r, pg, i);
+				break;
+		}
+	}
+	return true;
 }
 
 /* librdkafka refused the event at once, without a delivery report */

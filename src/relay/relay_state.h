@@ -14,6 +14,7 @@
  *		  relay_hold.c     held partitions: probes and drains
  *		  relay_standby.c  a page waits for the standbys named in
  *		                   outbox.synchronized_standby_slots
+ *		  relay_avro.c     Avro topics: events encoded, schemas fetched
  *		  relay_state.c    shared by all: the state shown, errors, and the
  *		                   transaction brackets
  *
@@ -270,6 +271,21 @@ extern void OutboxRelayReportError(Relay *r, const char *what, const char *detai
 extern void OutboxRelayBeginTxn(const char *activity);
 extern void OutboxRelayEndTxn(Relay *r);
 
+/* relay_avro.c: Avro topics' events encoded, their schemas fetched */
+typedef enum RelayAvro
+{
+	RELAY_AVRO_NONE,			/* not an Avro topic's JSON event */
+	RELAY_AVRO_ENCODED,
+	RELAY_AVRO_UNFIT,			/* the payload does not fit the schema */
+	RELAY_AVRO_UNAVAILABLE		/* the topic has no schema now */
+} RelayAvro;
+
+extern void OutboxRelayReadSecrets(Relay *r);
+extern void OutboxRelayFetchSchemas(Relay *r);
+extern bool OutboxRelayIsAvro(const OutboxEvent *ev);
+extern RelayAvro OutboxRelayEncodeAvro(Relay *r, MemoryContext cxt, OutboxEvent *ev,
+									   char *err, size_t errlen);
+
 /* relay_standby.c */
 extern XLogRecPtr OutboxRelayWalEnd(void);
 extern bool OutboxRelayStandbysHave(Relay *r, RelayPage *pg);
@@ -347,6 +363,7 @@ extern void OutboxRelayReportProducer(Relay *r);
 
 /* relay_round.c */
 extern void OutboxRelayParkBlocked(Relay *r, RelayPage *pg);
+extern bool OutboxRelayPreparePage(Relay *r, RelayPage *pg);
 extern void OutboxRelaySendRound(Relay *r, RelayPage *pg);
 extern void OutboxRelayWatchRound(Relay *r, int pending);
 extern bool OutboxRelaySettleRound(Relay *r, RelayPage *pg);

@@ -58,7 +58,7 @@ typedef struct OutboxSlotView
 	uint64		published;
 	uint64		published_bytes;
 	uint64		retries;		/* events sent again after a failure */
-	uint64		failures[4];	/* by OutboxErrorClass */
+	uint64		failures[5];	/* by OutboxErrorClass */
 	TimestampTz last_delivery;
 	TimestampTz last_error_at;
 	char		last_error[OUTBOX_LAST_ERROR_LEN];
@@ -100,7 +100,7 @@ typedef struct OutboxRoundReport
 								 * leave the backlog now, not when the page
 								 * settles */
 	int			retries;		/* events sent again */
-	uint64		failures[4];	/* by OutboxErrorClass */
+	uint64		failures[5];	/* by OutboxErrorClass */
 	int			brokers_up;		/* -1 unknown; OUTBOX_BROKERS_UNCHANGED */
 	bool		set_backlog;	/* the four below replace the slot's */
 	bool		batch_opened;	/* backlog is now remaining + later commits */

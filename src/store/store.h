@@ -43,6 +43,10 @@ typedef struct OutboxBatch
 } OutboxBatch;
 
 extern bool OutboxStoreExtensionPresent(void);
+
+/* store_schema.c */
+extern void OutboxStoreRecordSchema(const char *topic, int32 id, const char *json);
+
 extern void OutboxStoreLoadProgress(OutboxBatch *batch, MemoryContext cxt);
 extern void OutboxStoreLoadOrigin(bool force);
 extern int64 OutboxStoreAdoptRestored(bool force);

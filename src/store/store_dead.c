@@ -160,7 +160,8 @@ record_dead_letter(const OutboxEvent *ev, const char *state,
 	if (cls != NULL && ev->attempts > 0)
 	{
 		values[3] = CStringGetTextDatum(cls);
-		values[4] = CStringGetTextDatum(wording(ev->last_err, ev->last_err_local));
+		values[4] = CStringGetTextDatum(ev->error_text ? ev->error_text :
+										wording(ev->last_err, ev->last_err_local));
 		values[6] = TimestampTzGetDatum(ev->first_failed_at);
 		values[7] = TimestampTzGetDatum(ev->last_failed_at);
 	}

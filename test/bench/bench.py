@@ -41,6 +41,10 @@ it is compared with:
               librdkafka producer's, idempotent and transactional: the
               floor), and the copies a read_committed consumer reads after
               kill -9 mid-drain
+  avro        (only when asked: --sections=avro) the drain of the backlog
+              as JSON against the same events encoded by the relay as Avro
+              through a schema registry (the test tool's stand-in), in turns
+              on the mock cluster (test/bench/bench_avro.py)
   debezium    (only when asked: --sections=debezium) the relay against
               Debezium Server's outbox EventRouter on the same server
               (wal_level = logical), the same 3-broker Apache Kafka
@@ -78,6 +82,7 @@ import psycopg2
 
 import benchdoc
 import bench_drain as bench_drain_limits
+import bench_avro
 import bench_eos
 import bench_retention
 
@@ -1496,6 +1501,8 @@ def main():
             section("inbox", bench_inbox, server, conn, broker)
         if "eos" in SECTIONS:
             section("eos", bench_eos.bench_eos, sys.modules[__name__], server, conn)
+        if "avro" in SECTIONS:
+            section("avro", bench_avro.bench_avro, sys.modules[__name__], server, conn)
         if "debezium" in SECTIONS:
             section("debezium", bench_debezium, server, conn)
         if "retention" in SECTIONS:

@@ -35,7 +35,7 @@ class Sections(unittest.TestCase):
         known = benchdoc.sections(DOC)
         default = re.search(r'\["emit", "drain"[^]]*\]', BENCH).group(0)
         # and those run only when asked
-        names = ast.literal_eval(default) + ["eos", "debezium", "retention"]
+        names = ast.literal_eval(default) + ["eos", "avro", "debezium", "retention"]
         self.assertEqual(sorted(known), sorted(names))
         self.assertEqual(known["emit"][0], "emit cost")
         self.assertEqual(known["held"][0], "held xmin")

@@ -194,7 +194,9 @@ value_hex and java_partition.  With cloudevents => 1, each also has
 cloudevent: the message as the CloudEvents SDK's Kafka deserializer
 decodes it; with avro_schema => file, frame: the value read as a schema
 registry's wire format, its record decoded by Apache Avro with the schema
-in file (test/kafka/src/OutboxKafkaTool.java says their fields).  undef
+in file (test/kafka/src/OutboxKafkaTool.java says their fields); with
+registry => url, the same with each record's schema fetched by the
+frame's id from the schema registry at url (credentials in the URL).  undef
 when the read fails or the topic is missing.
 
 =cut
@@ -205,10 +207,11 @@ sub read_java
 	my @mode =
 	    $opt{cloudevents} ? ('cloudevents')
 	  : $opt{avro_schema} ? ('frames')
+	  : $opt{registry}    ? ('registry')
 	  :                     ('read');
 	my ($ok, $out, $err) =
 	  run_apache('client', @mode, $self->{bootstrap}, $topic,
-		($opt{avro_schema} ? ($opt{avro_schema}) : ()),
+		($opt{avro_schema} // $opt{registry} // ()),
 		'isolation.level=' . ($opt{isolation} // 'read_uncommitted'));
 	if (!$ok)
 	{

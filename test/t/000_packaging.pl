@@ -51,7 +51,7 @@ my @sources = sort(glob('src/*.c src/*.h src/*/*.c src/*/*.h'));
 
 # the rooms of src/, floor by floor: a file includes the headers of its own
 # room and of rooms on lower floors only (docs/design.md draws them)
-my %floor = (base => 1, shmem => 2, kafka => 2, store => 3, emit => 3,
+my %floor = (base => 1, shmem => 2, kafka => 2, registry => 2, store => 3, emit => 3,
 	relay => 4, consumer => 4, launcher => 5);
 my (@outside, @headless, @unfound, @upward);
 for my $file (@sources)

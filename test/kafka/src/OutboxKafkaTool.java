@@ -20,6 +20,21 @@
  *                                  record Apache Avro decodes from the rest
  *                                  with the schema in SCHEMA_FILE, as JSON
  *                                  text}, or {"error": why not}
+ *   registry BOOTSTRAP TOPIC URL [k=v...]
+ *                                  as frames, the schema of each record
+ *                                  fetched by the frame's id from the schema
+ *                                  registry's Confluent-compatible API at URL
+ *                                  (GET URL/schemas/ids/ID), as a
+ *                                  Confluent-style deserializer does
+ *   registry-stand-in PORT [USER:PASSWORD]
+ *                                  a schema registry STAND-IN, not a
+ *                                  registry: the few calls of Confluent's
+ *                                  REST API the tests make (POST
+ *                                  .../subjects/S/versions, GET
+ *                                  .../subjects/S/versions/latest, GET
+ *                                  .../schemas/ids/ID, under any path
+ *                                  prefix), in memory, on 127.0.0.1:PORT;
+ *                                  with USER:PASSWORD, basic auth required
  *   leaders BOOTSTRAP TOPIC        one line per partition: partition leader isr
  *   partition N KEY...             the partition Java's default partitioner
  *                                  picks for each key among N partitions
@@ -102,8 +117,41 @@ public class OutboxKafkaTool
 		return sb.toString();
 	}
 
+	/* a schema registry's schemas by id, fetched once each */
+	static java.util.function.IntFunction<org.apache.avro.Schema> registry(String url)
+	{
+		Map<Integer, org.apache.avro.Schema> cache = new HashMap<>();
+		java.net.http.HttpClient http = java.net.http.HttpClient.newHttpClient();
+		/* http://user:password@host/...: basic auth, the URL without them */
+		java.net.URI u = java.net.URI.create(url);
+		String auth = u.getUserInfo() == null ? null :
+			"Basic " + Base64.getEncoder().encodeToString(u.getUserInfo().getBytes(StandardCharsets.UTF_8));
+		String base = auth == null ? url : url.replace(u.getUserInfo() + "@", "");
+		com.fasterxml.jackson.databind.ObjectMapper mapper = new com.fasterxml.jackson.databind.ObjectMapper();
+
+		return id -> cache.computeIfAbsent(id, k -> {
+			try
+			{
+				java.net.http.HttpRequest.Builder req =
+					java.net.http.HttpRequest.newBuilder(java.net.URI.create(base + "/schemas/ids/" + k))
+					.timeout(Duration.ofSeconds(10)).GET();
+				if (auth != null)
+					req.header("Authorization", auth);
+				java.net.http.HttpResponse<String> r = http.send(req.build(),
+					java.net.http.HttpResponse.BodyHandlers.ofString());
+				if (r.statusCode() != 200)
+					throw new IllegalStateException("registry answered HTTP " + r.statusCode() + " for id " + k);
+				return new org.apache.avro.Schema.Parser().parse(mapper.readTree(r.body()).get("schema").asText());
+			}
+			catch (java.io.IOException | InterruptedException x)
+			{
+				throw new IllegalStateException(x);
+			}
+		});
+	}
+
 	/* the value as a registry's wire format, its record decoded by Avro */
-	static void frame(StringBuilder out, org.apache.avro.Schema schema, byte[] v)
+	static void frame(StringBuilder out, java.util.function.IntFunction<org.apache.avro.Schema> schemas, byte[] v)
 	{
 		out.append(",\"frame\":{");
 		try
@@ -111,6 +159,7 @@ public class OutboxKafkaTool
 			java.nio.ByteBuffer bb = java.nio.ByteBuffer.wrap(v);
 			byte magic = bb.get();
 			int id = bb.getInt();
+			org.apache.avro.Schema schema = schemas.apply(id);
 			org.apache.avro.io.BinaryDecoder dec =
 				org.apache.avro.io.DecoderFactory.get().binaryDecoder(v, 5, v.length - 5, null);
 			Object rec = new org.apache.avro.generic.GenericDatumReader<Object>(schema).read(null, dec);
@@ -246,15 +295,15 @@ public class OutboxKafkaTool
 
 	static int read(String boot, String topic, String[] args) throws Exception
 	{
-		return read(boot, topic, args, false, null);
+		return read(boot, topic, args, false, null, 3);
 	}
 
 	/* with ce, each line's "cloudevent"; with schema, its "frame" */
 	static int read(String boot, String topic, String[] args, boolean ce,
-					org.apache.avro.Schema schema) throws Exception
+					java.util.function.IntFunction<org.apache.avro.Schema> schema, int nargs) throws Exception
 	{
 		CloudEventDeserializer ced = new CloudEventDeserializer();
-		Properties p = props(boot, args, schema == null ? 3 : 4);
+		Properties p = props(boot, args, nargs);
 		p.putIfAbsent("enable.auto.commit", "false");
 		p.putIfAbsent("max.partition.fetch.bytes", "10485760");
 		p.putIfAbsent("default.api.timeout.ms", "20000");
@@ -332,6 +381,76 @@ public class OutboxKafkaTool
 		return 0;
 	}
 
+	/* the registry stand-in's answer */
+	static void answer(com.sun.net.httpserver.HttpExchange x, int status, String body) throws java.io.IOException
+	{
+		byte[] b = body.getBytes(StandardCharsets.UTF_8);
+		x.getResponseHeaders().set("Content-Type", "application/vnd.schemaregistry.v1+json");
+		x.sendResponseHeaders(status, b.length);
+		x.getResponseBody().write(b);
+		x.close();
+	}
+
+	static int registryStandIn(int port, String userinfo) throws Exception
+	{
+		com.fasterxml.jackson.databind.ObjectMapper mapper = new com.fasterxml.jackson.databind.ObjectMapper();
+		List<String> schemas = new ArrayList<>();	/* id i+1 */
+		Map<String, List<Integer>> subjects = new HashMap<>();
+		String auth = userinfo == null ? null :
+			"Basic " + Base64.getEncoder().encodeToString(userinfo.getBytes(StandardCharsets.UTF_8));
+		com.sun.net.httpserver.HttpServer server =
+			com.sun.net.httpserver.HttpServer.create(new java.net.InetSocketAddress("127.0.0.1", port), 16);
+
+		server.createContext("/", x -> {
+			String path = x.getRequestURI().getPath();
+			java.util.regex.Matcher m;
+			synchronized (schemas)
+			{
+				if (auth != null && !auth.equals(x.getRequestHeaders().getFirst("Authorization")))
+					answer(x, 401, "{\"error_code\":401,\"message\":\"Unauthorized\"}");
+				else if ((m = java.util.regex.Pattern.compile(".*/subjects/([^/]+)/versions").matcher(path)).matches() &&
+						 x.getRequestMethod().equals("POST"))
+				{
+					String schema = mapper.readTree(x.getRequestBody()).get("schema").asText();
+					int id = schemas.indexOf(schema) + 1;
+					if (id == 0)
+					{
+						schemas.add(schema);
+						id = schemas.size();
+					}
+					List<Integer> versions = subjects.computeIfAbsent(m.group(1), k -> new ArrayList<>());
+					if (versions.isEmpty() || versions.get(versions.size() - 1) != id)
+						versions.add(id);
+					answer(x, 200, "{\"id\":" + id + "}");
+				}
+				else if ((m = java.util.regex.Pattern.compile(".*/subjects/([^/]+)/versions/latest").matcher(path)).matches())
+				{
+					List<Integer> versions = subjects.get(m.group(1));
+					if (versions == null)
+						answer(x, 404, "{\"error_code\":40401,\"message\":\"Subject not found.\"}");
+					else
+					{
+						int id = versions.get(versions.size() - 1);
+						answer(x, 200, mapper.createObjectNode().put("subject", m.group(1))
+							   .put("version", versions.size()).put("id", id)
+							   .put("schema", schemas.get(id - 1)).toString());
+					}
+				}
+				else if ((m = java.util.regex.Pattern.compile(".*/schemas/ids/([0-9]+)").matcher(path)).matches() &&
+						 Integer.parseInt(m.group(1)) >= 1 && Integer.parseInt(m.group(1)) <= schemas.size())
+					answer(x, 200, mapper.createObjectNode()
+						   .put("schema", schemas.get(Integer.parseInt(m.group(1)) - 1)).toString());
+				else
+					answer(x, 404, "{\"error_code\":404,\"message\":\"Not found.\"}");
+			}
+		});
+		server.start();
+		System.out.println("listening " + port);
+		System.out.flush();
+		Thread.currentThread().join();
+		return 0;
+	}
+
 	static int leaders(String boot, String topic) throws Exception
 	{
 		Properties p = props(boot, new String[0], 0);
@@ -368,11 +487,17 @@ public class OutboxKafkaTool
 				rc = read(args[1], args[2], args);
 				break;
 			case "cloudevents":
-				rc = read(args[1], args[2], args, true, null);
+				rc = read(args[1], args[2], args, true, null, 3);
 				break;
 			case "frames":
-				rc = read(args[1], args[2], args, false,
-						  new org.apache.avro.Schema.Parser().parse(new java.io.File(args[3])));
+				org.apache.avro.Schema fixed = new org.apache.avro.Schema.Parser().parse(new java.io.File(args[3]));
+				rc = read(args[1], args[2], args, false, id -> fixed, 4);
+				break;
+			case "registry":
+				rc = read(args[1], args[2], args, false, registry(args[3]), 4);
+				break;
+			case "registry-stand-in":
+				rc = registryStandIn(Integer.parseInt(args[1]), args.length > 2 ? args[2] : null);
 				break;
 			case "leaders":
 				rc = leaders(args[1], args[2]);
@@ -384,7 +509,7 @@ public class OutboxKafkaTool
 				rc = 0;
 				break;
 			default:
-				System.err.println("usage: OutboxKafkaTool ready|read|cloudevents|frames|leaders|partition ...");
+				System.err.println("usage: OutboxKafkaTool ready|read|cloudevents|frames|registry|leaders|partition ...");
 				rc = 2;
 		}
 		System.out.flush();
