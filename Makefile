@@ -27,8 +27,8 @@ endif
 # Avro through a schema registry: avro-c encodes, libcurl asks the registry
 AVRO_CFLAGS := $(shell pkg-config --cflags avro-c libcurl 2>/dev/null)
 AVRO_LIBS := $(shell pkg-config --libs avro-c libcurl 2>/dev/null)
-ifeq ($(shell pkg-config --exists avro-c libcurl && echo yes),)
-$(error avro-c or libcurl not found by pkg-config: install libavro-dev and libcurl4-openssl-dev (Debian))
+ifeq ($(shell pkg-config --exists avro-c 'libcurl >= 7.85' && echo yes),)
+$(error avro-c or libcurl 7.85 or later not found by pkg-config: install libavro-dev and libcurl4-openssl-dev (Debian))
 endif
 # a room's header is named by its folder: #include "relay/relay.h"
 PG_CPPFLAGS = -I$(srcdir)/src $(RDKAFKA_CFLAGS) $(AVRO_CFLAGS)

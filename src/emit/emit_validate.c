@@ -34,7 +34,8 @@ outbox_validate(PG_FUNCTION_ARGS)
 {
 	char	   *topic = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	Jsonb	   *payload = PG_GETARG_JSONB_P(1);
-	char		err[OUTBOX_REGISTRY_ERROR_LEN];
+	char		err[OUTBOX_REGISTRY_ERROR_LEN] = "";
+	MemoryContext caller = CurrentMemoryContext;
 	OutboxAvroSchema *schema;
 	bool		isnull;
 	int32		id;
@@ -58,7 +59,8 @@ outbox_validate(PG_FUNCTION_ARGS)
 						   topic),
 				 errhint("Check the relay's last_error in outbox.status(); it fetches the schemas of outbox.avro_topics when it starts and at each reload.")));
 	id = DatumGetInt32(OutboxSpiValue(1, &isnull));
-	json = TextDatumGetCString(OutboxSpiValue(2, &isnull));
+	/* out of SPI's memory, which SPI_finish frees */
+	json = MemoryContextStrdup(caller, TextDatumGetCString(OutboxSpiValue(2, &isnull)));
 	SPI_finish();
 
 	if ((schema = OutboxRegistrySchemaById(id, json, err, sizeof(err))) == NULL)

@@ -396,7 +396,9 @@ fail:
 char *
 OutboxKafkaSecretValue(const char *name)
 {
-	char	   *copy = pstrdup(OutboxKafkaSecretsText());
+	const char *text = OutboxKafkaSecretsText();
+	size_t		len = strlen(text);
+	char	   *copy = pstrdup(text);
 	char	   *item;
 	char	   *save = NULL;
 	char	   *result = NULL;
@@ -408,7 +410,14 @@ OutboxKafkaSecretValue(const char *name)
 		char	   *v;
 
 		if (OutboxKafkaSplitProperty(item, &n, &v) && strcmp(n, name) == 0)
-			result = v;
+		{
+			if (result != NULL)
+				pfree(result);
+			result = pstrdup(v);
+		}
 	}
-	return result ? pstrdup(result) : NULL;
+	/* every secret of the file was in the copy */
+	explicit_bzero(copy, len);
+	pfree(copy);
+	return result;
 }

@@ -33,9 +33,18 @@ extern int32 OutboxAvroSchemaId(const OutboxAvroSchema *schema);
 extern char *OutboxAvroEncode(OutboxAvroSchema *schema, Jsonb *payload,
 							  size_t *len, char *err, size_t errlen);
 
-/* registry_client.c */
-extern bool OutboxRegistryFetchLatest(const char *subject, int32 *id, char **schema,
-									  char *err, size_t errlen);
+/* registry_client.c: what the registry said */
+typedef enum OutboxRegistryAnswer
+{
+	OUTBOX_REGISTRY_SCHEMA,		/* the latest schema's id and text */
+	OUTBOX_REGISTRY_NO_ANSWER,	/* nothing usable, for now: no answer, an
+								 * error status, a login refused */
+	OUTBOX_REGISTRY_REFUSED		/* the subject is not there, or not Avro */
+} OutboxRegistryAnswer;
+
+extern OutboxRegistryAnswer OutboxRegistryFetchLatest(const char *subject, int32 *id,
+													  char **schema, char *err,
+													  size_t errlen);
 extern void OutboxRegistryReadSecrets(const char *secrets_text);
 extern bool OutboxRegistryUrlIsValid(const char *url, const char **why);
 
@@ -44,12 +53,13 @@ typedef enum OutboxSchemaLookup
 {
 	OUTBOX_SCHEMA_FOUND,		/* cached, fresh or not refreshable now */
 	OUTBOX_SCHEMA_FETCHED,		/* fetched now: a new id for the topic */
-	OUTBOX_SCHEMA_UNAVAILABLE	/* none: the registry did not say */
+	OUTBOX_SCHEMA_UNAVAILABLE,	/* none: the registry did not say */
+	OUTBOX_SCHEMA_REFUSED		/* none: the registry's answer rules it out */
 } OutboxSchemaLookup;
 
 extern void OutboxRegistryUseContext(MemoryContext parent);
 extern bool OutboxTopicIsAvro(const char *topic);
-extern OutboxSchemaLookup OutboxRegistryTopicSchema(const char *topic,
+extern OutboxSchemaLookup OutboxRegistryTopicSchema(const char *topic, bool *may_ask,
 													OutboxAvroSchema **schema,
 													const char **json,
 													char *err, size_t errlen);

@@ -8,11 +8,17 @@
  * Invariants:
  *	- This file is the only one that includes avro-c's headers.
  *	- The payload is hostile: whatever does not fit the schema is refused
- *	  with a sentence that names the field by its path ($.items[2].sku) and
- *	  the schema's id, never by quoting a value.
- *	- Nothing here raises an error while avro-c holds memory: avro-c's
- *	  calls return codes, the JSON walk reads a jsonb already built, and a
- *	  failure is a returned sentence.
+ *	  with a sentence that names the field by its path in the schema's own
+ *	  names ($.items[2].sku; a map's key is [(a key)]) and the schema's id,
+ *	  never by quoting a value or a key of the payload.  The walk is
+ *	  bounded in depth and in the values it makes, and a schema whose
+ *	  record contains itself other than through a union, an array or a map
+ *	  is refused before avro-c would recurse making a value of it.
+ *	- avro-c's calls return codes; what it holds stays valid whatever
+ *	  happens (the value is reset before each use), so the few calls that
+ *	  may raise (a conversion to UTF-8, palloc) leave nothing behind; the
+ *	  relay catches them (relay_avro.c).  avro-c's messages can quote the
+ *	  schema: they go out as printable ASCII only, shortened.
  *	- The mapping is Avro's JSON encoding, with two conveniences: a union
  *	  takes a plain value (the first branch of its kind: null, boolean,
  *	  number, string, array, object) as well as the tagged {"type": value},
@@ -34,6 +40,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/numeric.h"
 
 #include "registry/registry.h"
@@ -46,6 +53,17 @@ struct OutboxAvroSchema
 	avro_value_t value;			/* reused from event to event */
 };
 
+/*
+ * Bounds of one payload's walk: how deep it nests (the walk recurses, and
+ * a recursive schema lets the payload choose the depth), and how many
+ * values avro-c makes for it (a short JSON element can stand for a record
+ * of many fields).  Past them the payload is refused, never an ERROR.
+ */
+#define AVRO_WALK_MAX_DEPTH		100
+#define AVRO_WALK_MAX_VALUES	1000000
+/* a value that grew past this is made anew: avro-c keeps arrays' room */
+#define AVRO_VALUE_RENEW_BYTES	(1024 * 1024)
+
 /* where the walk is, for the refusal's sentence */
 typedef struct AvroWalk
 {
@@ -53,9 +71,13 @@ typedef struct AvroWalk
 	char	   *err;
 	size_t		errlen;
 	int32		id;
+	int			depth;
+	long		values;
 } AvroWalk;
 
 static bool put_value(AvroWalk *w, avro_value_t *dest, const JsonbValue *jv);
+static bool put_typed(AvroWalk *w, avro_value_t *dest, avro_schema_t s,
+					  const JsonbValue *jv);
 
 /* the kind of a JSON value, as the refusals name it */
 static const char *
@@ -106,10 +128,29 @@ refuse(AvroWalk *w, const char *fmt, const char *a, const char *b)
 	return false;
 }
 
+/*
+ * avro-c's last error, as a message may carry it: it can quote the schema
+ * text, which the registry gave, so only printable ASCII of it, shortened.
+ */
+static const char *
+avro_message(char *out, size_t n)
+{
+	const char *e = avro_strerror();
+	size_t		i;
+
+	for (i = 0; i + 1 < n && e[i] != '\0' && i < 160; i++)
+		out[i] = (e[i] >= 0x20 && e[i] < 0x7f) ? e[i] : '?';
+	out[i] = '\0';
+	return out;
+}
+
 static bool
 avro_failed(AvroWalk *w, int rc)
 {
-	return refuse(w, "avro-c failed: %s%s", rc == ENOMEM ? "out of memory" : avro_strerror(), "");
+	char		msg[192];
+
+	return refuse(w, "avro-c failed: %s%s",
+				  rc == ENOMEM ? "out of memory" : avro_message(msg, sizeof(msg)), "");
 }
 
 /*
@@ -147,9 +188,23 @@ numeric_double(const JsonbValue *jv, double *out)
 	char	   *text = DatumGetCString(DirectFunctionCall1(numeric_out,
 														  NumericGetDatum(jv->val.numeric)));
 
-	errno = 0;
+	/* an underflow (ERANGE with a tiny result) is the nearest double */
 	*out = strtod(text, NULL);
-	return errno == 0 && isfinite(*out);
+	return isfinite(*out);
+}
+
+/*
+ * A JSON string's text in UTF-8, which Avro's strings are, NUL-terminated
+ * (palloc'd): converted from the database's encoding when it is another.
+ */
+static char *
+utf8_text(const char *s, int len)
+{
+	char	   *copy = pnstrdup(s, len);
+
+	if (GetDatabaseEncoding() == PG_UTF8)
+		return copy;
+	return pg_server_to_any(copy, len, PG_UTF8);
 }
 
 /*
@@ -159,8 +214,9 @@ numeric_double(const JsonbValue *jv, double *out)
 static int
 string_bytes(const JsonbValue *jv, char *out)
 {
-	const unsigned char *s = (const unsigned char *) jv->val.string.val;
-	int			len = jv->val.string.len;
+	const unsigned char *s = (const unsigned char *) utf8_text(jv->val.string.val,
+															   jv->val.string.len);
+	int			len = strlen((const char *) s);
 	int			i = 0;
 	int			n = 0;
 
@@ -183,7 +239,7 @@ string_bytes(const JsonbValue *jv, char *out)
 static bool
 put_bytes(AvroWalk *w, avro_value_t *dest, avro_schema_t s, const JsonbValue *jv)
 {
-	char	   *buf = palloc(jv->val.string.len + 1);
+	char	   *buf = palloc(jv->val.string.len * 4 + 1);
 	int			n = string_bytes(jv, buf);
 	int			rc;
 
@@ -237,15 +293,15 @@ put_scalar(AvroWalk *w, avro_value_t *dest, avro_schema_t s, const JsonbValue *j
 	}
 	else if (t == AVRO_STRING && jv->type == jbvString)
 	{
-		char	   *str = pnstrdup(jv->val.string.val, jv->val.string.len);
+		char	   *str = utf8_text(jv->val.string.val, jv->val.string.len);
 
-		rc = avro_value_set_string_len(dest, str, jv->val.string.len + 1);
+		rc = avro_value_set_string_len(dest, str, strlen(str) + 1);
 	}
 	else if ((t == AVRO_BYTES || t == AVRO_FIXED) && jv->type == jbvString)
 		return put_bytes(w, dest, s, jv);
 	else if (t == AVRO_ENUM && jv->type == jbvString)
 	{
-		char	   *sym = pnstrdup(jv->val.string.val, jv->val.string.len);
+		char	   *sym = utf8_text(jv->val.string.val, jv->val.string.len);
 		int			n = avro_schema_enum_get_by_name(s, sym);
 
 		if (n < 0)
@@ -279,7 +335,12 @@ kind_fits(avro_schema_t s, const JsonbValue *jv)
 			}
 		case AVRO_FLOAT:
 		case AVRO_DOUBLE:
-			return jv->type == jbvNumeric;
+			{
+				double		d;
+
+				return jv->type == jbvNumeric && numeric_double(jv, &d) &&
+					(avro_typeof(s) == AVRO_DOUBLE || fabs(d) <= FLT_MAX);
+			}
 		case AVRO_STRING:
 		case AVRO_BYTES:
 		case AVRO_FIXED:
@@ -293,6 +354,26 @@ kind_fits(avro_schema_t s, const JsonbValue *jv)
 		default:
 			return false;
 	}
+}
+
+/*
+ * Whether a union's branch goes by name in Avro's JSON encoding: a
+ * primitive by its type's name, a named type by its full name
+ * (namespace.name), or by its name alone.
+ */
+static bool
+branch_is_named(avro_schema_t b, const char *name)
+{
+	const char *ns;
+
+	if (!is_avro_named_type(b))
+		return strcmp(type_name(b), name) == 0;
+	if (strcmp(avro_schema_name(b), name) == 0)
+		return true;
+	ns = avro_schema_namespace(b);
+	return ns != NULL && ns[0] != '\0' &&
+		strncmp(name, ns, strlen(ns)) == 0 && name[strlen(ns)] == '.' &&
+		strcmp(name + strlen(ns) + 1, avro_schema_name(b)) == 0;
 }
 
 /*
@@ -316,11 +397,14 @@ tagged_branch(avro_schema_t u, const JsonbValue *jv, JsonbValue *inner)
 	tok = JsonbIteratorNext(&it, &k, true);
 	if (tok != WJB_KEY)
 		return -1;
-	name = pnstrdup(k.val.string.val, k.val.string.len);
-	if (avro_schema_union_branch_by_name(u, &disc, name) == NULL)
-		return -1;
-	(void) JsonbIteratorNext(&it, inner, true);
-	return disc;
+	name = utf8_text(k.val.string.val, k.val.string.len);
+	for (disc = 0; disc < (int) avro_schema_union_size(u); disc++)
+		if (branch_is_named(resolved(avro_schema_union_branch(u, disc)), name))
+		{
+			(void) JsonbIteratorNext(&it, inner, true);
+			return disc;
+		}
+	return -1;
 }
 
 static bool
@@ -377,17 +461,15 @@ put_array(AvroWalk *w, avro_value_t *dest, const JsonbValue *jv)
 	return true;
 }
 
-/* the path's next step: .name, or ["name"] when it is not a plain word */
+/*
+ * The path's next step: a record field by its name in the schema (not
+ * the payload's), a map's key as [(a key)]: keys are the payload's data.
+ */
 static void
-path_step(StringInfo path, const char *name, int len)
+path_step(StringInfo path, const char *field)
 {
-	bool		plain = len > 0 && len <= 64;
-	int			i;
-
-	for (i = 0; plain && i < len; i++)
-		plain = isalnum((unsigned char) name[i]) || name[i] == '_';
-	if (plain)
-		appendStringInfo(path, ".%.*s", len, name);
+	if (field != NULL)
+		appendStringInfo(path, ".%s", field);
 	else
 		appendStringInfoString(path, "[(a key)]");
 }
@@ -426,30 +508,33 @@ put_object(AvroWalk *w, avro_value_t *dest, avro_schema_t s, const JsonbValue *j
 	JsonbIteratorToken tok;
 	int			saved = w->path.len;
 	size_t		i;
+	int			rc;
 
 	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
 	{
 		avro_value_t child;
 		char	   *name;
-		int			rc;
 
 		if (tok != WJB_KEY)
 			continue;
-		name = pnstrdup(k.val.string.val, k.val.string.len);
+		name = utf8_text(k.val.string.val, k.val.string.len);
 		(void) JsonbIteratorNext(&it, &v, true);
-		path_step(&w->path, k.val.string.val, k.val.string.len);
 		if (record)
 		{
 			int			idx = avro_schema_record_field_get_index(s, name);
 
 			if (idx < 0)
-				return refuse(w, "the record \"%s\" has no such field%s",
+				return refuse(w, "the object has a key that is not a field of record \"%s\"%s",
 							  avro_schema_name(s), "");
+			path_step(&w->path, avro_schema_record_field_name(s, idx));
 			seen[idx] = true;
 			rc = avro_value_get_by_index(dest, idx, &child, NULL);
 		}
 		else
+		{
+			path_step(&w->path, NULL);
 			rc = avro_value_add(dest, name, &child, NULL, NULL);
+		}
 		if (rc != 0)
 			return avro_failed(w, rc);
 		if (!put_value(w, &child, &v))
@@ -463,8 +548,9 @@ put_object(AvroWalk *w, avro_value_t *dest, avro_schema_t s, const JsonbValue *j
 
 		if (seen[i])
 			continue;
-		if (avro_value_get_by_index(dest, i, &field, NULL) != 0 ||
-			!put_missing(w, &field, avro_schema_record_field_get_by_index(s, (int) i),
+		if ((rc = avro_value_get_by_index(dest, i, &field, NULL)) != 0)
+			return avro_failed(w, rc);
+		if (!put_missing(w, &field, avro_schema_record_field_get_by_index(s, (int) i),
 						 avro_schema_record_field_name(s, (int) i)))
 			return false;
 	}
@@ -475,8 +561,22 @@ static bool
 put_value(AvroWalk *w, avro_value_t *dest, const JsonbValue *jv)
 {
 	avro_schema_t s = resolved(avro_value_get_schema(dest));
+	bool		ok;
 
-	check_stack_depth();
+	if (++w->values > AVRO_WALK_MAX_VALUES)
+		return refuse(w, "the payload makes more than %s Avro values%s", "1,000,000", "");
+	if (w->depth >= AVRO_WALK_MAX_DEPTH)
+		return refuse(w, "the payload nests deeper than %s levels%s", "100", "");
+	w->depth++;
+	ok = put_typed(w, dest, s, jv);
+	w->depth--;
+	return ok;
+}
+
+/* put_value's work, by the schema's type */
+static bool
+put_typed(AvroWalk *w, avro_value_t *dest, avro_schema_t s, const JsonbValue *jv)
+{
 	switch (avro_typeof(s))
 	{
 		case AVRO_UNION:
@@ -502,16 +602,57 @@ put_value(AvroWalk *w, avro_value_t *dest, const JsonbValue *jv)
  *		Returns NULL with err set when avro-c refuses it.  The result is
  *		malloc'd by avro-c; OutboxAvroFree releases it.
  */
+/*
+ * Whether record s reaches itself through record fields alone, or nests
+ * records deeper than AVRO_WALK_MAX_DEPTH: avro-c makes a record's fields
+ * when it makes the record, so such a schema would recurse without end.
+ * Through a union, an array or a map the recursion stops (none is made
+ * until the payload says).
+ */
+static bool
+record_recurses(avro_schema_t s, avro_schema_t *visiting, int depth)
+{
+	size_t		i;
+	int			j;
+
+	if (depth >= AVRO_WALK_MAX_DEPTH)
+		return true;
+	for (j = 0; j < depth; j++)
+		if (visiting[j] == s)
+			return true;
+	visiting[depth] = s;
+	for (i = 0; i < avro_schema_record_size(s); i++)
+	{
+		avro_schema_t f = resolved(avro_schema_record_field_get_by_index(s, (int) i));
+
+		if (avro_typeof(f) == AVRO_RECORD && record_recurses(f, visiting, depth + 1))
+			return true;
+	}
+	return false;
+}
+
 OutboxAvroSchema *
 OutboxAvroParse(int32 id, const char *json, size_t len, char *err, size_t errlen)
 {
 	OutboxAvroSchema *s = palloc0(sizeof(OutboxAvroSchema));
+	avro_schema_t visiting[AVRO_WALK_MAX_DEPTH];
+	char		msg[192];
 
 	s->id = id;
 	if (avro_schema_from_json_length(json, len, &s->schema) != 0)
 	{
 		snprintf(err, errlen, "schema %d is not an Avro schema avro-c reads: %s",
-				 id, avro_strerror());
+				 id, avro_message(msg, sizeof(msg)));
+		pfree(s);
+		return NULL;
+	}
+	if (avro_typeof(resolved(s->schema)) == AVRO_RECORD &&
+		record_recurses(resolved(s->schema), visiting, 0))
+	{
+		snprintf(err, errlen, "schema %d has a record that contains itself, or records nested deeper than %d, "
+				 "other than through a union, an array or a map: no value can be made of it",
+				 id, AVRO_WALK_MAX_DEPTH);
+		avro_schema_decref(s->schema);
 		pfree(s);
 		return NULL;
 	}
@@ -519,7 +660,7 @@ OutboxAvroParse(int32 id, const char *json, size_t len, char *err, size_t errlen
 	if (s->iface == NULL || avro_generic_value_new(s->iface, &s->value) != 0)
 	{
 		snprintf(err, errlen, "schema %d: avro-c cannot make a value of it: %s",
-				 id, avro_strerror());
+				 id, avro_message(msg, sizeof(msg)));
 		if (s->iface != NULL)
 			avro_value_iface_decref(s->iface);
 		avro_schema_decref(s->schema);
@@ -534,7 +675,8 @@ OutboxAvroFree(OutboxAvroSchema *s)
 {
 	if (s == NULL)
 		return;
-	avro_value_decref(&s->value);
+	if (s->value.iface != NULL)
+		avro_value_decref(&s->value);
 	avro_value_iface_decref(s->iface);
 	avro_schema_decref(s->schema);
 	pfree(s);
@@ -576,12 +718,25 @@ OutboxAvroEncode(OutboxAvroSchema *s, Jsonb *payload, size_t *len,
 		root.val.binary.data = &payload->root;
 		root.val.binary.len = VARSIZE(payload) - VARHDRSZ;
 	}
+	w.depth = 0;
+	w.values = 0;
+	if (s->value.iface == NULL && (rc = avro_generic_value_new(s->iface, &s->value)) != 0)
+	{
+		s->value.iface = NULL;
+		(void) avro_failed(&w, rc);
+		return NULL;
+	}
 	avro_value_reset(&s->value);
 	if (!put_value(&w, &s->value, &root))
 		return NULL;
 	if ((rc = avro_value_sizeof(&s->value, &size)) != 0)
 	{
 		(void) avro_failed(&w, rc);
+		return NULL;
+	}
+	if (size > MaxAllocSize - 5)
+	{
+		(void) refuse(&w, "the record is larger than %s%s", "1 GB", "");
 		return NULL;
 	}
 	buf = palloc(size + 5);
@@ -598,6 +753,12 @@ OutboxAvroEncode(OutboxAvroSchema *s, Jsonb *payload, size_t *len,
 	{
 		(void) avro_failed(&w, rc);
 		return NULL;
+	}
+	/* avro-c keeps a large value's room: made anew at the next event */
+	if (size > AVRO_VALUE_RENEW_BYTES)
+	{
+		avro_value_decref(&s->value);
+		s->value.iface = NULL;
 	}
 	*len = size + 5;
 	return buf;

@@ -10,10 +10,12 @@
  *	- Both caches are bounded (REGISTRY_TOPICS_MAX, REGISTRY_SCHEMAS_MAX);
  *	  the least recently used schema goes first, and a topic whose schema
  *	  went is fetched again on its next use (a miss).
- *	- A topic's schema is fetched on a miss and again once
- *	  outbox.schema_registry_refresh has passed.  A refresh that fails keeps
- *	  the schema in hand (the registry's outage does not stop a topic that
- *	  has one), and is tried again at most every REGISTRY_RETRY_MS.
+ *	- A topic's schema is fetched on a miss and, when the caller allows it
+ *	  (once per page), again once outbox.schema_registry_refresh has passed.
+ *	  A refresh that fails keeps the schema in hand (the registry's outage
+ *	  does not stop a topic that has one); a topic's failure is remembered
+ *	  for REGISTRY_RETRY_MS, and a registry that did not answer is left
+ *	  alone by every topic for a while (the breaker).
  *	- A change of outbox.schema_registry_url forgets everything.
  *
  *-------------------------------------------------------------------------
@@ -26,8 +28,9 @@
 #include "registry/registry.h"
 
 #define REGISTRY_TOPICS_MAX 256
-#define REGISTRY_SCHEMAS_MAX 64
+#define REGISTRY_SCHEMAS_MAX 256
 #define REGISTRY_RETRY_MS 5000
+#define REGISTRY_QUIET_MAX_MS 60000
 
 typedef struct TopicEntry
 {
@@ -36,6 +39,7 @@ typedef struct TopicEntry
 	TimestampTz fetched_at;
 	TimestampTz tried_at;
 	char	   *last_error;		/* why the last try failed, or NULL */
+	bool		refused;		/* and the registry ruled it out */
 	uint64		used;
 } TopicEntry;
 
@@ -53,6 +57,11 @@ static SchemaEntry schemas[REGISTRY_SCHEMAS_MAX];
 static int	nschemas = 0;
 static uint64 use_clock = 0;
 static char *cached_url = NULL;
+
+/* the breaker: after a registry did not answer, nobody asks it until */
+static TimestampTz quiet_until = 0;
+static int	quiet_ms = 0;
+static char *quiet_why = NULL;
 
 /* outbox.avro_topics as last split */
 static char *split_from = NULL;
@@ -134,6 +143,9 @@ OutboxRegistryForget(void)
 	split_from = NULL;
 	avro_topics = NIL;
 	cached_url = NULL;
+	quiet_why = NULL;
+	quiet_until = 0;
+	quiet_ms = 0;
 }
 
 static void
@@ -220,64 +232,98 @@ topic_entry(const char *topic)
 }
 
 /*
+ * ask_registry
+ *		Fetch topic's latest schema into t (and the schema cache).  A
+ *		registry that did not answer keeps every topic from asking it again
+ *		for a while (the breaker: 5 s, doubling to a minute), so that a silent
+ *		one costs a timeout now and then, not per topic or page.  Returns
+ *		FETCHED (t->id is the latest), UNAVAILABLE or REFUSED, err set.
+ */
+static OutboxSchemaLookup
+ask_registry(TopicEntry *t, char *err, size_t errlen)
+{
+	char	   *subject = psprintf("%s-value", t->topic);
+	char	   *text = NULL;
+	int32		id = 0;
+	OutboxRegistryAnswer answer;
+
+	if (GetCurrentTimestamp() < quiet_until)
+	{
+		strlcpy(err, quiet_why ? quiet_why : "the schema registry did not answer", errlen);
+		return OUTBOX_SCHEMA_UNAVAILABLE;
+	}
+	answer = OutboxRegistryFetchLatest(subject, &id, &text, err, errlen);
+	if (answer == OUTBOX_REGISTRY_NO_ANSWER)
+	{
+		quiet_ms = quiet_ms == 0 ? REGISTRY_RETRY_MS : Min(quiet_ms * 2, REGISTRY_QUIET_MAX_MS);
+		quiet_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), quiet_ms);
+		if (quiet_why)
+			pfree(quiet_why);
+		quiet_why = MemoryContextStrdup(registry_cxt, err);
+		return OUTBOX_SCHEMA_UNAVAILABLE;
+	}
+	quiet_ms = 0;
+	if (answer == OUTBOX_REGISTRY_REFUSED)
+		return OUTBOX_SCHEMA_REFUSED;
+	/* a schema avro-c cannot use is the registry's final word too */
+	if (find_schema(id) == NULL && keep_schema(id, text, err, errlen) == NULL)
+		return OUTBOX_SCHEMA_REFUSED;
+	t->id = id;
+	t->fetched_at = GetCurrentTimestamp();
+	return OUTBOX_SCHEMA_FETCHED;
+}
+
+/*
  * OutboxRegistryTopicSchema
- *		topic's schema, the registry asked when the cache has none or it is
- *		due for a refresh.  FETCHED: a schema id new for the topic, whose
- *		text *json gives; FOUND: the one in hand (err says why a due refresh
- *		failed, or is empty); UNAVAILABLE: none, err says why.
+ *		topic's schema.  The registry is asked when the cache has none, and,
+ *		when *may_ask allows it, once it is due for a refresh; having asked
+ *		(answered or not) clears *may_ask, so a caller asks once per pass.
+ *		FETCHED: an id new for the topic, whose text *json gives; FOUND: the
+ *		one in hand (err says why a refresh failed, or is empty);
+ *		UNAVAILABLE: none, the registry did not say; REFUSED: the registry's
+ *		answer rules it out (no such subject, not Avro, not usable).  A
+ *		topic's failure is remembered for REGISTRY_RETRY_MS.
  */
 OutboxSchemaLookup
-OutboxRegistryTopicSchema(const char *topic, OutboxAvroSchema **schema,
+OutboxRegistryTopicSchema(const char *topic, bool *may_ask, OutboxAvroSchema **schema,
 						  const char **json, char *err, size_t errlen)
 {
 	TopicEntry *t;
 	SchemaEntry *s;
 	TimestampTz now = GetCurrentTimestamp();
-	char	   *subject;
-	char	   *text;
-	int32		id;
+	int32		had;
+	OutboxSchemaLookup r;
 
 	err[0] = '\0';
 	forget_if_moved();
 	t = topic_entry(topic);
 	s = t->id != 0 ? find_schema(t->id) : NULL;
-	if (s != NULL && !TimestampDifferenceExceeds(t->fetched_at, now,
-												 outbox_schema_registry_refresh * 1000))
-	{
-		*schema = s->schema;
+	*schema = s ? s->schema : NULL;
+	if (s != NULL && (!*may_ask ||
+					  !TimestampDifferenceExceeds(t->fetched_at, now,
+												  outbox_schema_registry_refresh * 1000)))
 		return OUTBOX_SCHEMA_FOUND;
-	}
-	/* a failed try is not repeated at once: a silent registry costs a timeout */
 	if (t->last_error != NULL && !TimestampDifferenceExceeds(t->tried_at, now, REGISTRY_RETRY_MS))
 	{
-		*schema = s ? s->schema : NULL;
 		if (s != NULL)
 			return OUTBOX_SCHEMA_FOUND;	/* said when it failed */
 		strlcpy(err, t->last_error, errlen);
-		return OUTBOX_SCHEMA_UNAVAILABLE;
+		return t->refused ? OUTBOX_SCHEMA_REFUSED : OUTBOX_SCHEMA_UNAVAILABLE;
 	}
-	t->tried_at = now;
+	*may_ask = false;
+	had = t->id;
+	r = ask_registry(t, err, errlen);
+	t->tried_at = GetCurrentTimestamp();
 	if (t->last_error != NULL)
 		pfree(t->last_error);
-	t->last_error = NULL;
-	subject = psprintf("%s-value", topic);
-	if (!OutboxRegistryFetchLatest(subject, &id, &text, err, errlen) ||
-		((s == NULL || OutboxAvroSchemaId(s->schema) != id) &&
-		 find_schema(id) == NULL && keep_schema(id, text, err, errlen) == NULL))
-	{
-		t->last_error = MemoryContextStrdup(registry_cxt, err);
-		*schema = s ? s->schema : NULL;
-		return s ? OUTBOX_SCHEMA_FOUND : OUTBOX_SCHEMA_UNAVAILABLE;
-	}
-	t->fetched_at = now;
-	if (t->id == id && s != NULL)
-	{
-		*schema = s->schema;
-		return OUTBOX_SCHEMA_FOUND;
-	}
-	t->id = id;
-	s = find_schema(id);
+	t->last_error = r == OUTBOX_SCHEMA_FETCHED ? NULL : MemoryContextStrdup(registry_cxt, err);
+	t->refused = (r == OUTBOX_SCHEMA_REFUSED);
+	if (r != OUTBOX_SCHEMA_FETCHED)
+		return s != NULL ? OUTBOX_SCHEMA_FOUND : r;
+	s = find_schema(t->id);
 	*schema = s->schema;
+	if (t->id == had)
+		return OUTBOX_SCHEMA_FOUND;
 	*json = s->json;
 	return OUTBOX_SCHEMA_FETCHED;
 }

@@ -144,10 +144,11 @@ member(Jsonb *jb, const char *key)
 /*
  * parse_answer
  *		The registry's answer to versions/latest: its id and its schema's
- *		text, an Avro one.  False with err set otherwise.  jsonb_in's error
+ *		text, an Avro one (SCHEMA); a schema of another type is REFUSED, an
+ *		answer not of that form NO_ANSWER, with err set.  jsonb_in's error
  *		on a body that is not JSON is caught here.
  */
-static bool
+static OutboxRegistryAnswer
 parse_answer(StringInfo body, const char *subject, int32 *id, char **schema,
 			 char *err, size_t errlen)
 {
@@ -169,29 +170,29 @@ parse_answer(StringInfo body, const char *subject, int32 *id, char **schema,
 	if (jb == NULL || !JB_ROOT_IS_OBJECT(jb))
 	{
 		snprintf(err, errlen, "the schema registry's answer for subject \"%s\" is not a JSON object", subject);
-		return false;
+		return OUTBOX_REGISTRY_NO_ANSWER;
 	}
 	v = member(jb, "schemaType");
 	if (v != NULL && !(v->type == jbvString && v->val.string.len == 4 &&
 					   strncmp(v->val.string.val, "AVRO", 4) == 0))
 	{
 		snprintf(err, errlen, "the latest schema of subject \"%s\" is not an Avro schema", subject);
-		return false;
+		return OUTBOX_REGISTRY_REFUSED;
 	}
 	v = member(jb, "id");
 	if (v == NULL || v->type != jbvNumeric || (*id = positive_int32(v)) == 0)
 	{
 		snprintf(err, errlen, "the schema registry's answer for subject \"%s\" has no valid id", subject);
-		return false;
+		return OUTBOX_REGISTRY_NO_ANSWER;
 	}
 	v = member(jb, "schema");
 	if (v == NULL || v->type != jbvString)
 	{
 		snprintf(err, errlen, "the schema registry's answer for subject \"%s\" has no schema", subject);
-		return false;
+		return OUTBOX_REGISTRY_NO_ANSWER;
 	}
 	*schema = pnstrdup(v->val.string.val, v->val.string.len);
-	return true;
+	return OUTBOX_REGISTRY_SCHEMA;
 }
 
 /* the subject's versions/latest address under outbox.schema_registry_url */
@@ -211,13 +212,44 @@ latest_url(CURL *curl, const char *subject)
 }
 
 /*
- * OutboxRegistryFetchLatest
- *		The latest schema of subject: its id and text (palloc'd).  False
- *		with err set when the registry is not set, does not answer within
- *		outbox.schema_registry_timeout, answers with an error, or says
- *		something that is not an Avro schema's record.
+ * verdict
+ *		What the exchange with the registry says: a 404 or a schema of
+ *		another type rules the subject out; no answer, another error status
+ *		or a refused login are for now only.
  */
-bool
+static OutboxRegistryAnswer
+verdict(CURLcode rc, long status, StringInfo body, const char *subject,
+		int32 *id, char **schema, char *err, size_t errlen)
+{
+	if (rc == CURLE_WRITE_ERROR)
+		snprintf(err, errlen, "the schema registry's answer for subject \"%s\" is larger than %d MB",
+				 subject, REGISTRY_ANSWER_MAX / (1024 * 1024));
+	else if (rc != CURLE_OK)
+		snprintf(err, errlen, "the schema registry did not answer for subject \"%s\": %s",
+				 subject, curl_easy_strerror(rc));
+	else if (status == 404)
+	{
+		snprintf(err, errlen, "subject \"%s\" is not in the schema registry (HTTP 404)", subject);
+		return OUTBOX_REGISTRY_REFUSED;
+	}
+	else if (status == 401 || status == 403)
+		snprintf(err, errlen, "the schema registry refused outbox's credentials for subject \"%s\" (HTTP %ld)",
+				 subject, status);
+	else if (status != 200)
+		snprintf(err, errlen, "the schema registry answered HTTP %ld for subject \"%s\"",
+				 status, subject);
+	else
+		return parse_answer(body, subject, id, schema, err, errlen);
+	return OUTBOX_REGISTRY_NO_ANSWER;
+}
+
+/*
+ * OutboxRegistryFetchLatest
+ *		The latest schema of subject: SCHEMA with its id and text
+ *		(palloc'd); otherwise err says why (verdict).  Not set, or asked
+ *		while shutting down, is NO_ANSWER.
+ */
+OutboxRegistryAnswer
 OutboxRegistryFetchLatest(const char *subject, int32 *id, char **schema,
 						  char *err, size_t errlen)
 {
@@ -226,19 +258,20 @@ OutboxRegistryFetchLatest(const char *subject, int32 *id, char **schema,
 	struct curl_slist *headers = NULL;
 	StringInfoData body;
 	long		status = 0;
-	bool		ok = false;
+	OutboxRegistryAnswer answer;
 
-	if (outbox_schema_registry_url[0] == '\0')
+	if (outbox_schema_registry_url[0] == '\0' || ShutdownRequestPending || ProcDiePending)
 	{
-		snprintf(err, errlen, "outbox.schema_registry_url is not set");
-		return false;
+		snprintf(err, errlen, outbox_schema_registry_url[0] == '\0' ?
+				 "outbox.schema_registry_url is not set" : "shutting down");
+		return OUTBOX_REGISTRY_NO_ANSWER;
 	}
 	if (!curl_ready && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK)
 		curl_ready = true;
 	if (!curl_ready || (curl = curl_easy_init()) == NULL)
 	{
 		snprintf(err, errlen, "libcurl could not be initialized");
-		return false;
+		return OUTBOX_REGISTRY_NO_ANSWER;
 	}
 	initStringInfo(&body);
 	headers = curl_slist_append(headers, "Accept: application/vnd.schemaregistry.v1+json, application/json");
@@ -264,20 +297,7 @@ OutboxRegistryFetchLatest(const char *subject, int32 *id, char **schema,
 		curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
 	curl_easy_cleanup(curl);
 	curl_slist_free_all(headers);
-
-	if (rc != CURLE_OK)
-		snprintf(err, errlen, "the schema registry did not answer for subject \"%s\": %s",
-				 subject, curl_easy_strerror(rc));
-	else if (status == 404)
-		snprintf(err, errlen, "subject \"%s\" is not in the schema registry (HTTP 404)", subject);
-	else if (status == 401 || status == 403)
-		snprintf(err, errlen, "the schema registry refused outbox's credentials for subject \"%s\" (HTTP %ld)",
-				 subject, status);
-	else if (status != 200)
-		snprintf(err, errlen, "the schema registry answered HTTP %ld for subject \"%s\"",
-				 status, subject);
-	else
-		ok = parse_answer(&body, subject, id, schema, err, errlen);
+	answer = verdict(rc, status, &body, subject, id, schema, err, errlen);
 	pfree(body.data);
-	return ok;
+	return answer;
 }

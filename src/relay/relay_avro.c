@@ -24,6 +24,7 @@
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "postmaster/interrupt.h"
 
 #include "registry/registry.h"
 #include "relay/relay_state.h"
@@ -38,6 +39,9 @@ OutboxRelayReadSecrets(Relay *r)
 {
 	char	   *auth;
 
+	if (r->avro_cxt == NULL)
+		r->avro_cxt = AllocSetContextCreate(r->cxt, "outbox relay avro",
+											ALLOCSET_DEFAULT_SIZES);
 	OutboxRegistryUseContext(r->cxt);
 	OutboxKafkaReadSecretsFile(r->cxt);
 	auth = OutboxKafkaSecretValue(OUTBOX_REGISTRY_AUTH_PROPERTY);
@@ -63,17 +67,19 @@ record_schema(Relay *r, const char *topic, OutboxAvroSchema *schema, const char 
 
 /*
  * topic_schema
- *		topic's schema, fetched when due and recorded when new; NULL when
- *		the registry gives none, the error noted for status().
+ *		topic's schema (the registry asked as *may_ask allows), recorded
+ *		when new.  NULL when there is none: *why is UNAVAILABLE (noted for
+ *		status()) or UNFIT (the registry ruled the subject out: err says
+ *		how, and the event is the one to quarantine).
  */
 static OutboxAvroSchema *
-topic_schema(Relay *r, const char *topic)
+topic_schema(Relay *r, const char *topic, bool *may_ask, RelayAvro *why,
+			 char *err, size_t errlen)
 {
 	OutboxAvroSchema *schema = NULL;
 	const char *json = NULL;
-	char		err[OUTBOX_REGISTRY_ERROR_LEN];
 
-	switch (OutboxRegistryTopicSchema(topic, &schema, &json, err, sizeof(err)))
+	switch (OutboxRegistryTopicSchema(topic, may_ask, &schema, &json, err, errlen))
 	{
 		case OUTBOX_SCHEMA_FETCHED:
 			record_schema(r, topic, schema, json);
@@ -81,11 +87,17 @@ topic_schema(Relay *r, const char *topic)
 		case OUTBOX_SCHEMA_FOUND:
 			if (err[0] != '\0')
 				OutboxRelayReportError(r, "could not refresh a topic's Avro schema, using the one in hand", err);
+			err[0] = '\0';
 			return schema;
+		case OUTBOX_SCHEMA_REFUSED:
+			*why = RELAY_AVRO_UNFIT;
+			return NULL;
 		case OUTBOX_SCHEMA_UNAVAILABLE:
 			break;
 	}
 	OutboxRelayReportError(r, "no Avro schema for a topic, waiting", err);
+	err[0] = '\0';
+	*why = RELAY_AVRO_UNAVAILABLE;
 	return NULL;
 }
 
@@ -101,13 +113,20 @@ OutboxRelayFetchSchemas(Relay *r)
 	char	   *copy;
 	char	   *item;
 	char	   *save = NULL;
+	char		err[OUTBOX_REGISTRY_ERROR_LEN];
+	RelayAvro	why;
 
 	if (outbox_avro_topics[0] == '\0' || outbox_schema_registry_url[0] == '\0')
 		return;
 	copy = pstrdup(outbox_avro_topics);
-	for (item = strtok_r(copy, ", ", &save); item != NULL; item = strtok_r(NULL, ", ", &save))
+	for (item = strtok_r(copy, ", ", &save); item != NULL && !ShutdownRequestPending;
+		 item = strtok_r(NULL, ", ", &save))
+	{
+		bool		may_ask = true;
+
 		if (strcmp(item, "*") != 0)
-			(void) topic_schema(r, item);
+			(void) topic_schema(r, item, &may_ask, &why, err, sizeof(err));
+	}
 	pfree(copy);
 }
 
@@ -119,35 +138,71 @@ OutboxRelayIsAvro(const OutboxEvent *ev)
 }
 
 /*
+ * encode
+ *		ev's payload as schema's record, in r->avro_cxt, or NULL with err
+ *		set.  The payload is hostile: an ERROR on the way (a conversion, the
+ *		memory it asks for) refuses it instead of stopping the relay.
+ */
+static char *
+encode(Relay *r, OutboxAvroSchema *schema, OutboxEvent *ev, size_t *len,
+	   char *err, size_t errlen)
+{
+	MemoryContext old = MemoryContextSwitchTo(r->avro_cxt);
+	char	   *value = NULL;
+
+	PG_TRY();
+	{
+		Jsonb	   *payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+																 CStringGetDatum(pnstrdup(ev->payload, ev->payload_len))));
+
+		value = OutboxAvroEncode(schema, payload, len, err, errlen);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *e;
+
+		MemoryContextSwitchTo(r->avro_cxt);
+		e = CopyErrorData();
+		FlushErrorState();
+		snprintf(err, errlen, "the payload could not be encoded with schema %d: %s",
+				 OutboxAvroSchemaId(schema), e->message);
+		value = NULL;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(old);
+	return value;
+}
+
+/*
  * OutboxRelayEncodeAvro
- *		ev as its topic's Avro record, in cxt (the event's memory), when its
- *		topic is an Avro one and its value JSON.  UNFIT: err says why;
- *		UNAVAILABLE: its topic has no schema now (reported here; err stays
- *		empty).  No transaction is open.
+ *		ev as its topic's Avro record, its value copied into cxt (the
+ *		event's memory), when its topic is an Avro one and its value JSON;
+ *		the registry asked as *may_ask allows (topic_schema).  UNFIT: err
+ *		says why; UNAVAILABLE: its topic has no schema now (reported here;
+ *		err stays empty).  No transaction is open.
  */
 RelayAvro
-OutboxRelayEncodeAvro(Relay *r, MemoryContext cxt, OutboxEvent *ev, char *err, size_t errlen)
+OutboxRelayEncodeAvro(Relay *r, MemoryContext cxt, OutboxEvent *ev, bool *may_ask,
+					  char *err, size_t errlen)
 {
 	OutboxAvroSchema *schema;
-	MemoryContext old;
-	Jsonb	   *payload;
+	RelayAvro	why = RELAY_AVRO_UNAVAILABLE;
 	char	   *value;
-	size_t		len;
+	size_t		len = 0;
 
 	err[0] = '\0';
 	if (!OutboxRelayIsAvro(ev))
 		return RELAY_AVRO_NONE;
-	if ((schema = topic_schema(r, ev->topic)) == NULL)
-		return RELAY_AVRO_UNAVAILABLE;
-	old = MemoryContextSwitchTo(cxt);
-	payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-												 CStringGetDatum(pnstrdup(ev->payload, ev->payload_len))));
-	value = OutboxAvroEncode(schema, payload, &len, err, errlen);
-	MemoryContextSwitchTo(old);
-	if (value == NULL)
-		return RELAY_AVRO_UNFIT;
-	ev->payload = value;
-	ev->payload_len = (int) len;
-	ev->payload_kind = OUTBOX_PAYLOAD_BYTES;
-	return RELAY_AVRO_ENCODED;
+	if ((schema = topic_schema(r, ev->topic, may_ask, &why, err, errlen)) == NULL)
+		return why;
+	value = encode(r, schema, ev, &len, err, errlen);
+	if (value != NULL)
+	{
+		ev->payload = MemoryContextAlloc(cxt, len);
+		memcpy(ev->payload, value, len);
+		ev->payload_len = (int) len;
+		ev->payload_kind = OUTBOX_PAYLOAD_BYTES;
+	}
+	MemoryContextReset(r->avro_cxt);
+	return value != NULL ? RELAY_AVRO_ENCODED : RELAY_AVRO_UNFIT;
 }

@@ -388,6 +388,30 @@ OutboxRelayServeProbes(Relay *r)
 }
 
 /*
+ * probe_encoded
+ *		An Avro topic's probe encoded like any of its events.  One that fits
+ *		its schema no more is drained, and the drain's page quarantines it,
+ *		as Kafka's refusal of a probe would; with no schema now, the probe
+ *		waits.  False when it is not to be sent now.
+ */
+static bool
+probe_encoded(Relay *r, RelayHold *h, TimestampTz now)
+{
+	char		err[OUTBOX_REGISTRY_ERROR_LEN];
+	bool		may_ask = true;
+	RelayAvro	result = OutboxRelayEncodeAvro(r, h->probe_cxt, h->probe, &may_ask,
+											   err, sizeof(err));
+
+	if (result != RELAY_AVRO_UNFIT && result != RELAY_AVRO_UNAVAILABLE)
+		return true;
+	if (result == RELAY_AVRO_UNFIT)
+		h->answered = true;
+	h->probe = NULL;
+	h->next_probe = TimestampTzPlusMilliseconds(now, HOLD_PROBE_RETRY_MS);
+	return false;
+}
+
+/*
  * OutboxRelaySendProbes
  *		Send a probe for each hold that has none and is not draining: its
  *		oldest held event, alone, to its partition.  Reads them in one
@@ -399,7 +423,6 @@ OutboxRelaySendProbes(Relay *r)
 	ListCell   *lc;
 	TimestampTz now = GetCurrentTimestamp();
 	bool		in_txn = false;
-	char		err[OUTBOX_REGISTRY_ERROR_LEN];
 
 	foreach(lc, r->holds)
 	{
@@ -427,15 +450,8 @@ OutboxRelaySendProbes(Relay *r)
 			/* the registry may be asked: with no transaction open */
 			OutboxRelayEndTxn(r);
 			in_txn = false;
-			if (OutboxRelayEncodeAvro(r, h->probe_cxt, h->probe, err, sizeof(err)) != RELAY_AVRO_ENCODED)
-			{
-				/* no schema now (said), or the event fits it no more: later */
-				if (err[0] != '\0')
-					OutboxRelayReportError(r, "a held event does not fit its topic's Avro schema now", err);
-				h->probe = NULL;
-				h->next_probe = TimestampTzPlusMilliseconds(now, HOLD_PROBE_RETRY_MS);
+			if (!probe_encoded(r, h, now))
 				continue;
-			}
 		}
 		OutboxProducerSend(r->producer, h->probe);
 		if (h->probe->delivery_err != OUTBOX_DELIVERY_PENDING)

@@ -108,7 +108,8 @@ OutboxRelayParkBlocked(Relay *r, RelayPage *pg)
 	{
 		OutboxBlocked *b = find_blocked(r, &pg->events[i]);
 
-		if (b != NULL)
+		/* a page prepared again keeps what its last try settled */
+		if (b != NULL && pg->events[i].disposition == OUTBOX_EVENT_PENDING)
 		{
 			pg->events[i].disposition = OUTBOX_EVENT_PARKED;
 			pg->events[i].blocked_by = b->head;
@@ -170,35 +171,37 @@ bool
 OutboxRelayPreparePage(Relay *r, RelayPage *pg)
 {
 	char		err[OUTBOX_REGISTRY_ERROR_LEN];
+	bool		may_ask = true; /* one refresh from the registry a page */
+	OutboxRoundReport report;
 	int			i;
 
 	/* counts change between pages only (kafka_topic.c) */
 	OutboxProducerRecountTopics(r->producer);
 	if (!pg->replay)
 		OutboxRelayParkBlocked(r, pg);
-	for (i = 0; i < pg->n; i++)
+	OutboxRelayReportInit(&report);
+	for (i = 0; i < pg->n && !ShutdownRequestPending; i++)
 	{
 		OutboxEvent *ev = &pg->events[i];
+		RelayAvro	result;
 
 		if (ev->disposition != OUTBOX_EVENT_PENDING)
 			continue;
-		switch (OutboxRelayEncodeAvro(r, pg->cxt, ev, err, sizeof(err)))
-		{
-			case RELAY_AVRO_NONE:
-			case RELAY_AVRO_ENCODED:
-				break;
-			case RELAY_AVRO_UNAVAILABLE:
-				return false;
-			case RELAY_AVRO_UNFIT:
-				ev->error_text = MemoryContextStrdup(pg->cxt, err);
-				ev->last_class = OUTBOX_ERROR_SCHEMA;
-				ev->attempts = 1;
-				ev->first_failed_at = ev->last_failed_at = GetCurrentTimestamp();
-				quarantine(r, pg, i);
-				break;
-		}
+		result = OutboxRelayEncodeAvro(r, pg->cxt, ev, &may_ask, err, sizeof(err));
+		if (result == RELAY_AVRO_UNAVAILABLE)
+			break;
+		if (result != RELAY_AVRO_UNFIT)
+			continue;
+		ev->error_text = MemoryContextStrdup(pg->cxt, err);
+		ev->last_class = OUTBOX_ERROR_SCHEMA;
+		ev->attempts = 1;
+		ev->first_failed_at = ev->last_failed_at = GetCurrentTimestamp();
+		report.failures[OUTBOX_ERROR_SCHEMA]++;
+		quarantine(r, pg, i);
 	}
-	return true;
+	if (report.failures[OUTBOX_ERROR_SCHEMA] > 0)
+		OutboxSlotReportRound(r->slot, &report);
+	return i == pg->n;
 }
 
 /* librdkafka refused the event at once, without a delivery report */

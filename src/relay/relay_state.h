@@ -123,6 +123,8 @@ typedef struct Relay
 	char	   *dbname;
 	MemoryContext cxt;			/* long-lived: batch strings, the contexts */
 	MemoryContext loop_cxt;		/* reset at each step of the loop */
+	MemoryContext avro_cxt;		/* one event's Avro encoding; reset after it
+								 * (relay_avro.c) */
 	RelayStep	step;
 	RelayStep	after_backoff;	/* where BACK_OFF goes when it ends */
 
@@ -284,7 +286,7 @@ extern void OutboxRelayReadSecrets(Relay *r);
 extern void OutboxRelayFetchSchemas(Relay *r);
 extern bool OutboxRelayIsAvro(const OutboxEvent *ev);
 extern RelayAvro OutboxRelayEncodeAvro(Relay *r, MemoryContext cxt, OutboxEvent *ev,
-									   char *err, size_t errlen);
+									   bool *may_ask, char *err, size_t errlen);
 
 /* relay_standby.c */
 extern XLogRecPtr OutboxRelayWalEnd(void);

@@ -138,7 +138,8 @@ metric_states(StringInfo buf, const char *labels, const OutboxStatusSnapshot *sn
 static void
 metric_errors(StringInfo buf, const char *labels, const OutboxSlotView *s)
 {
-	static const OutboxErrorClass classes[] = {OUTBOX_ERROR_TRANSIENT, OUTBOX_ERROR_PERMANENT, OUTBOX_ERROR_FATAL};
+	static const OutboxErrorClass classes[] = {OUTBOX_ERROR_TRANSIENT, OUTBOX_ERROR_PERMANENT,
+	OUTBOX_ERROR_FATAL, OUTBOX_ERROR_SCHEMA};
 	int			c;
 
 	metric(buf, labels, "outbox_delivery_errors_total", "counter", "Failed delivery attempts by error class.", NULL);

@@ -1502,7 +1502,8 @@ def main():
         if "eos" in SECTIONS:
             section("eos", bench_eos.bench_eos, sys.modules[__name__], server, conn)
         if "avro" in SECTIONS:
-            section("avro", bench_avro.bench_avro, sys.modules[__name__], server, conn)
+            section("avro", bench_avro.bench_avro, sys.modules[__name__], server, conn,
+                    broker.bootstrap)
         if "debezium" in SECTIONS:
             section("debezium", bench_debezium, server, conn)
         if "retention" in SECTIONS:

@@ -67,7 +67,15 @@ def drain(b, conn, agg):
     return b.drain_outbox(conn, b.BACKLOG)
 
 
-def bench_avro(b, server, conn):
+def framed(brokers, topic):
+    """whether topic's first message is in the registries' wire format"""
+    out = subprocess.run(["kcat", "-b", brokers, "-C", "-t", topic, "-o", "beginning", "-c", "1",
+                          "-e", "-q", "-f", "%s"], check=True, capture_output=True,
+                         timeout=60).stdout
+    return len(out) > 5 and out[0] == 0
+
+
+def bench_avro(b, server, conn, brokers):
     registry = Registry(b)
     try:
         for agg in ("avro1", "avro2"):
@@ -81,6 +89,9 @@ def bench_avro(b, server, conn):
         bad = b.q1(conn, "SELECT count(*) FROM outbox.dead_letters")
         if bad:
             raise RuntimeError(f"{bad} events quarantined during the Avro drains")
+        if not all(framed(brokers, f"outbox.event.{agg}") for agg in ("avro1", "avro2")) or \
+                framed(brokers, "outbox.event.json1"):
+            raise RuntimeError("the Avro topics' messages are not framed Avro, or the JSON topic's are")
     finally:
         b.set_conf(conn, "outbox.avro_topics", "")
         registry.stop()

@@ -73,6 +73,41 @@ UPDATE outbox.schemas SET schema_id = 19, schema =
 SELECT outbox.validate('shop.orders', '{"v": 1, "next": {"v": 2, "next": {"v": 3}}}') IS NULL AS fits;
 SELECT outbox.validate('shop.orders', '{"v": 1, "next": {"v": 2, "next": {"v": "3"}}}');
 
+-- a payload nesting deeper than the walk goes is refused, not an error
+SELECT outbox.validate('shop.orders',
+  (SELECT string_agg('{"v": 1, "next": ', '') || '{"v": 1}' || repeat('}', 150)
+     FROM generate_series(1, 150))::jsonb);
+
+-- Avro's tagged union names a named type by its full name or its name
+UPDATE outbox.schemas SET schema_id = 21, schema =
+ '{"type": "record", "name": "T", "namespace": "ns", "fields": [{"name": "u",
+   "type": ["null", {"type": "record", "name": "In", "fields": [{"name": "x", "type": "int"}]}]}]}'
+ WHERE topic = 'shop.orders';
+SELECT outbox.validate('shop.orders', p) IS NULL AS fits
+  FROM (VALUES ('{"u": {"ns.In": {"x": 1}}}'::jsonb), ('{"u": {"In": {"x": 1}}}'),
+			   ('{"u": {"x": 1}}'), ('{"u": null}'), ('{}')) v(p);
+SELECT outbox.validate('shop.orders', '{"u": {"other.In": {"x": 1}}}');
+
+-- a record that contains itself other than through a union, an array or a
+-- map: no value can be made of it, and it is refused rather than followed
+UPDATE outbox.schemas SET schema_id = 22, schema =
+ '{"type": "record", "name": "A", "fields": [{"name": "a", "type": "A"}]}' WHERE topic = 'shop.orders';
+SELECT outbox.validate('shop.orders', '{}');
+\echo :LAST_ERROR_SQLSTATE
+UPDATE outbox.schemas SET schema_id = 23, schema =
+ '{"type": "record", "name": "B", "fields": [{"name": "c", "type": {"type": "record", "name": "C",
+   "fields": [{"name": "b", "type": "B"}]}}]}' WHERE topic = 'shop.orders';
+SELECT outbox.validate('shop.orders', '{}');
+
+-- a schema larger than a memory page of its own (about 200 kB)
+UPDATE outbox.schemas SET schema_id = 24, schema =
+ (SELECT '{"type": "record", "name": "Big", "fields": ['
+		 || string_agg(format('{"name": "f%s", "type": "string", "doc": "%s"}', g, repeat('d', 90)), ', ')
+		 || ']}' FROM generate_series(1, 2000) g) WHERE topic = 'shop.orders';
+SELECT length(schema) > 131072 AS large FROM outbox.schemas WHERE topic = 'shop.orders';
+SELECT outbox.validate('shop.orders', '{"f1": "x"}');
+SELECT outbox.validate('shop.orders', (SELECT jsonb_object_agg('f' || g, 'x') FROM generate_series(1, 2000) g)) IS NULL AS fits;
+
 -- a schema avro-c cannot read (only a superuser can record one)
 UPDATE outbox.schemas SET schema_id = 20, schema = '{"type": "nonsense"}' WHERE topic = 'shop.orders';
 SELECT outbox.validate('shop.orders', '{}');

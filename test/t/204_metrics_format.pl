@@ -327,8 +327,8 @@ sub check_metrics
 	}
 	my %classes = map { ($_->{labels}{class} // '') => $_->{value} }
 	  @{ $f->{outbox_delivery_errors_total}{samples} // [] };
-	is_deeply([ sort keys %classes ], [qw(fatal permanent transient)],
-		"$when: outbox_delivery_errors_total has class transient, permanent and fatal");
+	is_deeply([ sort keys %classes ], [qw(fatal permanent schema transient)],
+		"$when: outbox_delivery_errors_total has class transient, permanent, fatal and schema");
 	return $f;
 }
 

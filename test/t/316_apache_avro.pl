@@ -58,7 +58,7 @@ chmod 0600, $secrets;
 my $url = $registry->url;
 my $node = outbox_node('apache316', $kafka, conf => qq{
 outbox.schema_registry_url = '$url'
-outbox.avro_topics = 'shop.orders, $DRILL_TOPIC'
+outbox.avro_topics = 'shop.orders, $DRILL_TOPIC, shop.unregistered'
 outbox.kafka_secrets_file = '$secrets'
 outbox.schema_registry_refresh = '2s'
 outbox.schema_registry_timeout = '1s'
@@ -190,19 +190,52 @@ is(scalar(grep { ($_->{frame}{schema_id} // -1) == $fixed_id } @three), 3,
 	"with the fixed schema ($fixed_id)");
 like(($three[0]{frame}{avro} // ''), qr/"LOST"/, 'the head decoded as emitted');
 
+# --- a topic whose subject the registry does not have: its events are
+# quarantined (class schema), the other topics flow
+my @unregistered = split /\n/, $node->safe_psql('postgres', q{
+SELECT outbox.emit('order', 'u-1', 'order.placed', '{"id": 1}', topic => 'shop.unregistered')
+  FROM generate_series(1, 2)});
+my @after = split /\n/, $node->safe_psql('postgres', q{
+SELECT outbox.emit('order', 'o-after', 'order.placed',
+	'{"id": 9, "total": 9, "status": "NEW", "items": []}', topic => 'shop.orders')});
+$kafka->wait_for_events('shop.orders', \@after, 60);
+ok($node->poll_query_until('postgres', qq{
+SELECT string_agg(state || ' ' || coalesce(error_class, '-'), ', ' ORDER BY event_pk) = 'quarantined schema, parked -'
+  FROM outbox.dead_letters WHERE aggregate_id = 'u-1'}),
+	'an event of a subject the registry lacks is quarantined (class schema), its successor parked; other topics flow');
+like($node->safe_psql('postgres',
+	"SELECT last_error FROM outbox.dead_letters WHERE event_id = '$unregistered[0]'"),
+	qr/subject "shop\.unregistered-value" is not in the schema registry \(HTTP 404\)/,
+	'its last_error says the subject is not in the registry');
+
+# --- the registry silent, the schemas in hand: events flow
+$registry->pause;
+my @silent = split /\n/, $node->safe_psql('postgres', q{
+SELECT outbox.emit('order', 'o-silent-' || (g % 5), 'order.placed',
+	jsonb_build_object('id', g, 'total', g, 'status', 'NEW', 'items', '[]'::jsonb), topic => 'shop.orders')
+  FROM generate_series(1, 50) g});
+my $silent_msgs = $kafka->wait_for_events('shop.orders', \@silent, 60);
+my %silent = map { ($_ => 1) } @silent;
+my $prefix = sprintf('00%08x', $fixed_id);
+is(scalar(grep { $silent{ $_->{headers}{id} // '' } && ($_->{value_hex} // '') =~ /^$prefix/ } @$silent_msgs),
+	50, 'with the registry silent, a topic whose schema the relay holds keeps flowing, framed');
+$registry->resume;
+
 # --- the registry silent for 20 s, the relay restarted meanwhile (its
 # schemas gone): events wait, nothing is lost
 $load = OutboxDrill::Load->start($node, 'postgres', seconds => 30, rate => 40, prefix => 'r-');
 sleep 3;
 $registry->pause;
 my $t0 = time();
-$node->safe_psql('postgres',
-	"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'outbox relay'");
-ok($node->poll_query_until('postgres',
-	"SELECT last_error LIKE '%schema registry did not answer%' FROM outbox.status()"),
-	'status() says the registry does not answer');
+my $old_pid = $node->safe_psql('postgres', 'SELECT pid FROM outbox.status()');
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($old_pid)");
+ok($node->poll_query_until('postgres', qq{
+SELECT pid <> $old_pid AND state = 'backing off'
+   AND last_error LIKE 'no Avro schema for a topic, waiting: the schema registry did not answer%'
+  FROM outbox.status()}),
+	'the restarted relay, without its schemas, waits; status() says the registry does not answer');
 like($node->safe_psql('postgres', 'SELECT status || \' \' || coalesce(reason, \'\') FROM outbox.health()'),
-	qr/schema registry did not answer/, 'and so does health()');
+	qr/^(warning|critical) .*schema registry did not answer/, 'and so does health()');
 sleep(20 - (time() - $t0)) if time() - $t0 < 20;
 $registry->resume;
 $load->finish;
