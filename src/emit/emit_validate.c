@@ -41,6 +41,8 @@ outbox_validate(PG_FUNCTION_ARGS)
 	int32		id;
 	char	   *json;
 	size_t		len;
+	static SPIPlanPtr plan = NULL;
+	Datum		arg[1];
 
 	if (!OutboxTopicIsAvro(topic))
 		ereport(ERROR,
@@ -48,9 +50,18 @@ outbox_validate(PG_FUNCTION_ARGS)
 				 errmsg("topic \"%s\" is not an Avro topic", topic),
 				 errdetail("outbox.avro_topics does not name it: its events are sent as JSON.")));
 	SPI_connect();
-	OutboxSpiExecText("SELECT schema_id, schema FROM outbox.schemas"
-					  " WHERE topic OPERATOR(pg_catalog.=) $1",
-					  topic, true, 1, SPI_OK_SELECT, "reading the topic's schema");
+	if (plan == NULL)
+	{
+		Oid			types[1] = {TEXTOID};
+
+		/* kept (SPI_keepplan): an application may check every payload */
+		plan = OutboxSpiPrepareGeneric("SELECT schema_id, schema FROM outbox.schemas"
+									   " WHERE topic OPERATOR(pg_catalog.=) $1",
+									   1, types, "reading the topic's schema");
+	}
+	arg[0] = CStringGetTextDatum(topic);
+	if (SPI_execute_plan(plan, arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading the topic's schema failed");
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
