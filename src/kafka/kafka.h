@@ -178,7 +178,7 @@ typedef bool (*OutboxKafkaJudge) (const char *name, const char *value,
 #define OUTBOX_REGISTRY_AUTH_PROPERTY "schema.registry.basic.auth.user.info"
 
 extern bool OutboxKafkaPropertyIsSecret(const char *name);
-extern char *OutboxKafkaSecretValue(const char *name);
+extern char *OutboxKafkaSecretValue(const char *text, const char *name);
 extern const char *OutboxKafkaSecretsText(void);
 extern const char *OutboxKafkaPropertyRefusal(const char *name, const char *value,
 											  bool from_secrets, bool *by_value);

@@ -388,15 +388,14 @@ fail:
 
 /*
  * OutboxKafkaSecretValue
- *		The value the secrets file as last read gives name (the last entry
- *		of it), palloc'd, or NULL.  For outbox's own entries
- *		(OUTBOX_REGISTRY_AUTH_PROPERTY), which librdkafka never sees; the
- *		caller never shows it.
+ *		The value text, the secrets file as last read (OutboxKafkaSecretsText),
+ *		gives name (the last entry of it), palloc'd, or NULL.  For outbox's
+ *		own entries (OUTBOX_REGISTRY_AUTH_PROPERTY), which librdkafka never
+ *		sees; the caller never shows it.
  */
 char *
-OutboxKafkaSecretValue(const char *name)
+OutboxKafkaSecretValue(const char *text, const char *name)
 {
-	const char *text = OutboxKafkaSecretsText();
 	size_t		len = strlen(text);
 	char	   *copy = pstrdup(text);
 	char	   *item;

@@ -44,7 +44,7 @@ OutboxRelayReadSecrets(Relay *r)
 											ALLOCSET_DEFAULT_SIZES);
 	OutboxRegistryUseContext(r->cxt);
 	OutboxKafkaReadSecretsFile(r->cxt);
-	auth = OutboxKafkaSecretValue(OUTBOX_REGISTRY_AUTH_PROPERTY);
+	auth = OutboxKafkaSecretValue(OutboxKafkaSecretsText(), OUTBOX_REGISTRY_AUTH_PROPERTY);
 	OutboxRegistryReadSecrets(auth);
 	if (auth != NULL)
 	{
