@@ -11,9 +11,11 @@
  *	  the framed record (OUTBOX_PAYLOAD_BYTES), which every later round and
  *	  every message format carries unchanged.
  *	- A payload that does not fit is the event's fault: it is quarantined
- *	  (class schema) and nothing of it is sent.  A schema the registry does
- *	  not give is nobody's fault: the page waits, backing off, and nothing
- *	  is lost or reordered.
+ *	  (class schema) and nothing of it is sent; so is an event whose
+ *	  subject the registry rules out (not there, not Avro, not usable), so
+ *	  that one topic cannot stop the others.  A registry that does not
+ *	  answer is nobody's fault: the page waits, backing off, and nothing is
+ *	  lost or reordered.
  *	- The registry's calls are bounded (registry_client.c), and made with
  *	  no transaction open.
  *
