@@ -127,8 +127,9 @@ extern bool OutboxEventShapeFits(const OutboxEvent *ev);
 extern void OutboxEventShapeFree(OutboxMessageShape *shape);
 
 /* message.c */
+extern const int OutboxHeaderNameLengths[OUTBOX_NUM_HEADERS];
 extern void OutboxEventHeaderValues(const OutboxEvent *event, const char **values,
-									char num[2][32]);
+									int *lens, char num[2][32]);
 extern size_t OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size,
 								  size_t *value_size);
 extern const char *OutboxOrigin(void);

@@ -35,10 +35,16 @@
  * and for emit(), which refuses caller headers of these names; in the order
  * of OutboxHeader, which the compiler holds to the count of its members.
  */
-const char *const OutboxHeaderNames[] = {
-	"id", "event_type", "aggregate_type", "aggregate_id", "seq",
-	"schema_version", "occurred_at", "traceparent", "tenant", "origin",
-};
+#define RELAY_HEADERS(X) \
+	X("id") X("event_type") X("aggregate_type") X("aggregate_id") X("seq") \
+	X("schema_version") X("occurred_at") X("traceparent") X("tenant") X("origin")
+#define HEADER_NAME(s) s,
+#define HEADER_NAME_LENGTH(s) (int) sizeof(s) - 1,
+
+const char *const OutboxHeaderNames[] = {RELAY_HEADERS(HEADER_NAME)};
+
+/* their lengths, so that librdkafka need not count them for each message */
+const int	OutboxHeaderNameLengths[] = {RELAY_HEADERS(HEADER_NAME_LENGTH)};
 
 StaticAssertDecl(lengthof(OutboxHeaderNames) == OUTBOX_NUM_HEADERS,
 				 "a relay header has no name, or a name no header");
@@ -81,10 +87,16 @@ header_wire_size(const char *name, const char *value)
  * OutboxEventHeaderValues
  *		The values of the relay's own headers for event, NULL for those it
  *		does not send.  num must hold two numbers (seq, schema_version).
+ *		lens, when not NULL, gets each value's length where it is known
+ *		without counting (the numbers), -1 elsewhere.
  */
 void
-OutboxEventHeaderValues(const OutboxEvent *event, const char **values, char num[2][32])
+OutboxEventHeaderValues(const OutboxEvent *event, const char **values, int *lens,
+						char num[2][32])
 {
+	int			seq_len = -1;
+	int			version_len;
+
 	values[OUTBOX_HEADER_ID] = event->event_id;
 	values[OUTBOX_HEADER_EVENT_TYPE] = event->event_type;
 	values[OUTBOX_HEADER_AGGREGATE_TYPE] = event->aggregate_type;
@@ -92,11 +104,20 @@ OutboxEventHeaderValues(const OutboxEvent *event, const char **values, char num[
 	values[OUTBOX_HEADER_SEQ] = NULL;
 	if (event->has_seq)
 	{
-		snprintf(num[0], sizeof(num[0]), INT64_FORMAT, event->seq);
+		seq_len = snprintf(num[0], sizeof(num[0]), INT64_FORMAT, event->seq);
 		values[OUTBOX_HEADER_SEQ] = num[0];
 	}
-	snprintf(num[1], sizeof(num[1]), "%d", event->schema_version);
+	version_len = snprintf(num[1], sizeof(num[1]), "%d", event->schema_version);
 	values[OUTBOX_HEADER_SCHEMA_VERSION] = num[1];
+	if (lens != NULL)
+	{
+		int			i;
+
+		for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+			lens[i] = -1;
+		lens[OUTBOX_HEADER_SEQ] = seq_len;
+		lens[OUTBOX_HEADER_SCHEMA_VERSION] = version_len;
+	}
 	values[OUTBOX_HEADER_OCCURRED_AT] = event->occurred_at;
 	values[OUTBOX_HEADER_TRACEPARENT] = event->traceparent;
 	values[OUTBOX_HEADER_TENANT] = event->tenant;
@@ -120,7 +141,7 @@ OutboxEventWireSize(const OutboxEvent *event, size_t *headers_size, size_t *valu
 	size_t		hdrs = 0;
 	int			i;
 
-	OutboxEventHeaderValues(event, values, num);
+	OutboxEventHeaderValues(event, values, NULL, num);
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
 			hdrs += header_wire_size(OutboxHeaderNames[i], values[i]);

@@ -670,6 +670,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
 	const char *values[OUTBOX_NUM_HEADERS];
+	int			lens[OUTBOX_NUM_HEADERS];
 	char		num[2][32];
 	OutboxMessageShape shape;
 	int			i;
@@ -683,12 +684,13 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 		record_outcome(event, (int) RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, true);
 		return;
 	}
-	OutboxEventHeaderValues(event, values, num);
+	OutboxEventHeaderValues(event, values, lens, num);
 	OutboxEventShape(event, &shape, true);
 	hdrs = rd_kafka_headers_new(OUTBOX_NUM_HEADERS + shape.nextra + event->nheaders);
 	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
 		if (values[i] != NULL)
-			rd_kafka_header_add(hdrs, OutboxHeaderNames[i], -1, values[i], -1);
+			rd_kafka_header_add(hdrs, OutboxHeaderNames[i], OutboxHeaderNameLengths[i],
+								values[i], lens[i]);
 	for (i = 0; i < shape.nextra; i++)
 		rd_kafka_header_add(hdrs, shape.extra_names[i], -1, shape.extra_values[i], -1);
 	for (i = 0; i < event->nheaders; i++)
