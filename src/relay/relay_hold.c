@@ -18,9 +18,12 @@
  *	- A hold starts when a round has waited outbox.hold_after and every
  *	  event still unacknowledged is of a known partition, while the cluster
  *	  shows life (an acknowledgement in the round, or within hold_after
- *	  before it, and librdkafka has not said that every broker is down): a
- *	  whole-cluster outage holds nothing and the page waits, as without
- *	  holds.  The round is withdrawn (its unacknowledged events
+ *	  before it, or a hold started within hold_after before it, and
+ *	  librdkafka has not said that every broker is down): a whole-cluster
+ *	  outage holds nothing and the page waits, as without holds.  A hold
+ *	  counts because the round after it may carry only events of the same
+ *	  outage's other partitions, sent again after the withdrawal, whose
+ *	  acknowledgements came before the withdrawn round's wait.  The round is withdrawn (its unacknowledged events
  *	  are all of the partitions now held) and the page recorded.
  *	- A hold's oldest event goes alone, as a probe, which librdkafka
  *	  retries until the partition answers.  Once the probe is acknowledged
@@ -307,8 +310,8 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 	if (OutboxProducerAllBrokersDown(r->producer))
 		return false;
 	if (acked == 0 &&
-		(r->last_ack_at == 0 ||
-		 r->last_ack_at < TimestampTzPlusMilliseconds(r->round_started, -outbox_hold_after)))
+		Max(r->last_ack_at, r->last_hold_at) <
+		TimestampTzPlusMilliseconds(r->round_started, -outbox_hold_after))
 		return false;
 	if (!r->can_hold)
 	{
@@ -325,6 +328,7 @@ OutboxRelayHoldStalled(Relay *r, RelayPage *pg)
 	for (i = 0; i < pg->n; i++)
 		if (pg->events[i].in_flight && pg->events[i].disposition == OUTBOX_EVENT_PENDING)
 			hold_partition(r, &pg->events[i], now);
+	r->last_hold_at = now;
 	OutboxProducerPurge(r->producer);
 	for (i = 0; i < pg->n; i++)
 	{

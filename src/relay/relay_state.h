@@ -172,6 +172,7 @@ typedef struct Relay
 	RelayPage	drain_page;
 	bool		drain_turn;		/* a drain page goes before the next batch page */
 	TimestampTz last_ack_at;	/* the last acknowledgement of any event */
+	TimestampTz last_hold_at;	/* when the last hold started */
 	bool		can_hold;		/* the database has outbox.held (1.4 on) */
 	bool		held_counted;	/* and outbox.held.partition_count (1.8 on) */
 	TimestampTz held_checked_at;	/* when can_hold was last found false */
