@@ -23,8 +23,9 @@
  *	  outage holds nothing and the page waits, as without holds.  A hold
  *	  counts because the round after it may carry only events of the same
  *	  outage's other partitions, sent again after the withdrawal, whose
- *	  acknowledgements came before the withdrawn round's wait.  The round is withdrawn (its unacknowledged events
- *	  are all of the partitions now held) and the page recorded.
+ *	  acknowledgements came before the withdrawn round's wait.  The round
+ *	  is withdrawn (its unacknowledged events are all of the partitions now
+ *	  held) and the page recorded.
  *	- A hold's oldest event goes alone, as a probe, which librdkafka
  *	  retries until the partition answers.  Once the probe is acknowledged
  *	  the hold drains: pages of its held events in id order, taking turns
