@@ -170,12 +170,11 @@ def bench_drain_kafka(b, server, conn):
         time.sleep(2)
         commit = []
         lat = b.latency_run(server, boot, "outbox.event.ktick", tick, b.LAT_SECS, 100, commit=commit)
-        b.row(S, "outbox: p50/p95/p99 at 100 ev/s",
-              f"{b.pct(lat, 50):.1f}/{b.pct(lat, 95):.1f}/{b.pct(lat, 99):.1f}", "ms", "",
+        b.row(S, "outbox: p50/p95/p99 at 100 ev/s", b.ms3(lat), "ms", "",
               f"{len(lat)} events; from the emit's stamp inside the transaction to arrival at"
               " a kcat consumer")
         b.row(S, "outbox: p50/p95/p99 at 100 ev/s, from the commit",
-              f"{b.pct(commit, 50):.1f}/{b.pct(commit, 95):.1f}/{b.pct(commit, 99):.1f}", "ms", "",
+              b.ms3(commit), "ms", "",
               f"the same {len(commit)} events, from the moment the client's COMMIT returned")
         b.set_conf(conn, "outbox.enabled", "off")
     finally:
