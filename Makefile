@@ -51,8 +51,12 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# after the include: Makefile.global sets PROVE_FLAGS itself
-PROVE_FLAGS += -I test/perl
+# after the include: Makefile.global sets PROVE_FLAGS itself.
+# PROVE_JOBS=N runs N TAP files at a time, among those test/tap-rules.yml
+# lets share the machine; the others run alone
+PROVE_JOBS ?= 1
+PROVE_FLAGS += -I test/perl -j$(PROVE_JOBS)
+export HARNESS_RULESFILE = test/tap-rules.yml
 
 # PGXS tracks no header: the compiler writes each object's header
 # dependencies beside it (src/<room>/<file>.d), read back at the next make.
