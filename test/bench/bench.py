@@ -420,21 +420,11 @@ def drain_outbox(conn, n):
 
 
 def bench_drain(server, conn, brokers):
-    make_backlog(conn, BACKLOG, "account")
-    q(conn, "VACUUM ANALYZE outbox.events")
-    lim = bench_drain_limits.limits(sys.modules[__name__], server, conn, brokers, "account",
-                                    "outbox.event.bare")
-    first = drain_outbox(conn, BACKLOG)
-    # a second backlog, as the limits are best of two
-    make_backlog(conn, BACKLOG, "account2")
-    q(conn, "VACUUM ANALYZE outbox.events")
-    prof = bench_drain_limits.profile_start(sys.modules[__name__], conn)
-    ours = max(first, drain_outbox(conn, BACKLOG))
-    bench_drain_limits.profile_stop(sys.modules[__name__], prof)
-    row("drain", f"outbox relay, {BACKLOG:,} events", fmt(ours), "ev/s", "",
-        "best of 2 backlogs, each drained from a paused relay")
-    bench_drain_limits.limit_rows(sys.modules[__name__], "drain", BACKLOG, ours, lim,
-                                  "the same mock cluster")
+    me = sys.modules[__name__]
+    runs = bench_drain_limits.rounds(me, server, conn, brokers,
+                                     ["account"] + [f"account{i}" for i in range(2, bench_drain_limits.ROUNDS + 1)],
+                                     "outbox.event.bare")
+    ours = bench_drain_limits.limit_rows(me, "drain", BACKLOG, runs, "the same mock cluster")
 
     # the same events, for the hand-written publisher
     make_plain_outbox(conn)
