@@ -54,6 +54,16 @@ typedef struct OutboxEvent
 	char	  **header_names;
 	char	  **header_values;
 	TimestampTz created_at;
+
+	/*
+	 * The lengths of key and of the relay's text headers (OUTBOX_HEADER_*,
+	 * -1 where not text), as the row that was read had them: so that
+	 * sending an event counts no string.  Only when lens_known; an event
+	 * built otherwise (zeroed) has them counted where they are needed.
+	 */
+	bool		lens_known;
+	int			key_len;
+	int			text_lens[OUTBOX_NUM_HEADERS];
 	int			delivery_err;
 
 	/* delivery state, kept by the relay while the page is in hand */
@@ -87,6 +97,10 @@ typedef struct OutboxEvent
 	bool		dead_recorded;	/* exactly_once: its dead letter is written
 								 * already, before the page's transaction */
 } OutboxEvent;
+
+/* the length of ev's key, counted only when not known */
+#define OutboxEventKeyLength(ev) \
+	((ev)->lens_known ? (size_t) (ev)->key_len : strlen((ev)->key))
 
 /* what an event's value is (OutboxEvent.payload_kind) */
 #define OUTBOX_PAYLOAD_JSON			0	/* emit(): JSON text */

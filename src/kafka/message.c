@@ -88,7 +88,8 @@ header_wire_size(const char *name, const char *value)
  *		The values of the relay's own headers for event, NULL for those it
  *		does not send.  num must hold two numbers (seq, schema_version).
  *		lens, when not NULL, gets each value's length where it is known
- *		without counting (the numbers), -1 elsewhere.
+ *		without counting (the numbers, and the text read with the event:
+ *		OutboxEvent.lens_known), -1 elsewhere.
  */
 void
 OutboxEventHeaderValues(const OutboxEvent *event, const char **values, int *lens,
@@ -113,8 +114,9 @@ OutboxEventHeaderValues(const OutboxEvent *event, const char **values, int *lens
 	{
 		int			i;
 
+		/* the text values' lengths as read, when the event was read */
 		for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
-			lens[i] = -1;
+			lens[i] = event->lens_known ? event->text_lens[i] : -1;
 		lens[OUTBOX_HEADER_SEQ] = seq_len;
 		lens[OUTBOX_HEADER_SCHEMA_VERSION] = version_len;
 	}

@@ -707,7 +707,7 @@ OutboxProducerSend(OutboxProducer *producer, OutboxEvent *event)
 							RD_KAFKA_V_TOPIC(event->topic),
 							RD_KAFKA_V_PARTITION(event->partition >= 0 ? event->partition :
 												 RD_KAFKA_PARTITION_UA),
-							RD_KAFKA_V_KEY(event->key, strlen(event->key)),
+							RD_KAFKA_V_KEY(event->key, OutboxEventKeyLength(event)),
 							RD_KAFKA_V_VALUE((void *) shape.value, shape.value_len),
 							RD_KAFKA_V_TIMESTAMP(event->timestamp_ms),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),

@@ -123,7 +123,9 @@ decode_headers(OutboxEvent *ev, Jsonb *jb)
 	ev->nheaders = values;
 }
 
-/* 8-4-4-4-12 lower-case hex, as uuid_out writes it */
+/* 8-4-4-4-12 lower-case hex, as uuid_out writes it: UUID_TEXT_LEN characters */
+#define UUID_TEXT_LEN	(UUID_LEN * 2 + 4)
+
 static char *
 format_uuid(const pg_uuid_t *uuid)
 {
@@ -217,6 +219,22 @@ decode_payload(OutboxEvent *ev, Datum *v, bool *isnull)
 	ev->content_type = isnull[16] ? NULL : TextDatumGetCString(v[16]);
 }
 
+/* a text column's value as a C string, its length in *len */
+static char *
+text_value(Datum d, int *len)
+{
+	text	   *t = DatumGetTextPP(d);
+	char	   *out;
+
+	*len = VARSIZE_ANY_EXHDR(t);
+	out = palloc(*len + 1);
+	memcpy(out, VARDATA_ANY(t), *len);
+	out[*len] = '\0';
+	if ((Pointer) t != DatumGetPointer(d))
+		pfree(t);
+	return out;
+}
+
 /*
  * OutboxStoreDecodeEvent
  *		Copy one row of EVENT_COLUMNS (and a replay's queue position) into
@@ -229,25 +247,33 @@ OutboxStoreDecodeEvent(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 	/* a replay row has one more column: its queue position */
 	Datum		v[EVENT_NCOLUMNS + 1];
 	bool		isnull[EVENT_NCOLUMNS + 1];
+	int		   *lens = ev->text_lens;
+	int			i;
 
 	Assert(desc->natts <= EVENT_NCOLUMNS + 1);
 	heap_deform_tuple(tup, desc, v, isnull);
+	for (i = 0; i < OUTBOX_NUM_HEADERS; i++)
+		lens[i] = -1;
 	ev->id = DatumGetInt64(v[0]);
 	ev->event_id = format_uuid(DatumGetUUIDP(v[1]));
-	ev->aggregate_type = TextDatumGetCString(v[2]);
-	ev->aggregate_id = TextDatumGetCString(v[3]);
+	lens[OUTBOX_HEADER_ID] = UUID_TEXT_LEN;
+	ev->aggregate_type = text_value(v[2], &lens[OUTBOX_HEADER_AGGREGATE_TYPE]);
+	ev->aggregate_id = text_value(v[3], &lens[OUTBOX_HEADER_AGGREGATE_ID]);
 	ev->has_seq = !isnull[4];
 	ev->seq = isnull[4] ? 0 : DatumGetInt64(v[4]);
-	ev->event_type = TextDatumGetCString(v[5]);
+	ev->event_type = text_value(v[5], &lens[OUTBOX_HEADER_EVENT_TYPE]);
 	ev->schema_version = DatumGetInt32(v[6]);
 	ev->topic = TextDatumGetCString(v[7]);
-	ev->key = TextDatumGetCString(v[8]);
+	ev->key = text_value(v[8], &ev->key_len);
 	decode_payload(ev, v, isnull);
 	if (!isnull[10])
 		decode_headers(ev, DatumGetJsonbP(v[10]));
-	ev->tenant = isnull[11] ? NULL : TextDatumGetCString(v[11]);
-	ev->traceparent = isnull[12] ? NULL : TextDatumGetCString(v[12]);
+	ev->tenant = isnull[11] ? NULL : text_value(v[11], &lens[OUTBOX_HEADER_TENANT]);
+	ev->traceparent = isnull[12] ? NULL :
+		text_value(v[12], &lens[OUTBOX_HEADER_TRACEPARENT]);
 	ev->occurred_at = format_timestamp(DatumGetTimestampTz(v[13]));
+	lens[OUTBOX_HEADER_OCCURRED_AT] = strlen(ev->occurred_at);
+	ev->lens_known = true;
 	ev->timestamp_ms = record_timestamp(DatumGetTimestampTz(v[13]));
 	ev->created_at = DatumGetTimestampTz(v[14]);
 	if (desc->natts > EVENT_NCOLUMNS)
@@ -256,6 +282,13 @@ OutboxStoreDecodeEvent(HeapTuple tup, TupleDesc desc, OutboxEvent *ev)
 	ev->delivery_err = OUTBOX_DELIVERY_PENDING;
 	ev->partition = OUTBOX_PARTITION_UNSET;
 	ev->partition_count = 0;
+}
+
+/* the length of ev's text value for header h, counted only if not known */
+static int64
+text_len(const OutboxEvent *ev, OutboxHeader h, const char *value)
+{
+	return ev->lens_known && ev->text_lens[h] >= 0 ? ev->text_lens[h] : strlen(value);
 }
 
 /*
@@ -272,13 +305,16 @@ OutboxStoreEventBytes(const OutboxEvent *ev)
 	int64		bytes = 64 + 2 * 20;
 	int			i;
 
-	bytes += ev->payload_len + strlen(ev->key) + strlen(ev->event_id) +
-		strlen(ev->event_type) + strlen(ev->aggregate_type) +
-		strlen(ev->aggregate_id) + strlen(ev->occurred_at);
+	bytes += ev->payload_len + OutboxEventKeyLength(ev) +
+		text_len(ev, OUTBOX_HEADER_ID, ev->event_id) +
+		text_len(ev, OUTBOX_HEADER_EVENT_TYPE, ev->event_type) +
+		text_len(ev, OUTBOX_HEADER_AGGREGATE_TYPE, ev->aggregate_type) +
+		text_len(ev, OUTBOX_HEADER_AGGREGATE_ID, ev->aggregate_id) +
+		text_len(ev, OUTBOX_HEADER_OCCURRED_AT, ev->occurred_at);
 	if (ev->tenant != NULL)
-		bytes += strlen(ev->tenant) + 6;
+		bytes += text_len(ev, OUTBOX_HEADER_TENANT, ev->tenant) + 6;
 	if (ev->traceparent != NULL)
-		bytes += strlen(ev->traceparent) + 11;
+		bytes += text_len(ev, OUTBOX_HEADER_TRACEPARENT, ev->traceparent) + 11;
 	for (i = 0; i < ev->nheaders; i++)
 		bytes += strlen(ev->header_names[i]) + strlen(ev->header_values[i]);
 	if (outbox_message_format != OUTBOX_FORMAT_NATIVE)
