@@ -209,7 +209,8 @@ OutboxProducerPartition(OutboxProducer *producer, OutboxEvent *event, int32 part
 		partitions = memo->partitions;
 	if (partitions > 0)
 	{
-		event->partition = producer->partitioner(memo->rkt, event->key, strlen(event->key),
+		event->partition = producer->partitioner(memo->rkt, event->key,
+												 OutboxEventKeyLength(event),
 												 partitions, NULL, NULL);
 		event->partition_count = partitions;
 	}
