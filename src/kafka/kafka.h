@@ -54,17 +54,18 @@ typedef struct OutboxEvent
 	char	  **header_names;
 	char	  **header_values;
 	TimestampTz created_at;
+	int			delivery_err;
 
 	/*
-	 * The lengths of key and of the relay's text headers (OUTBOX_HEADER_*,
-	 * -1 where not text), as the row that was read had them: so that
-	 * sending an event counts no string.  Only when lens_known; an event
-	 * built otherwise (zeroed) has them counted where they are needed.
+	 * The lengths of key and of the relay's header values taken from the
+	 * row (OUTBOX_HEADER_*; -1 for the others: seq, schema_version,
+	 * origin), as the row that was read had them, so that sending and
+	 * weighing the event need not count them.  Only when lens_known: an
+	 * event built otherwise (zeroed) has them counted where needed.
 	 */
 	bool		lens_known;
 	int			key_len;
 	int			text_lens[OUTBOX_NUM_HEADERS];
-	int			delivery_err;
 
 	/* delivery state, kept by the relay while the page is in hand */
 	int			disposition;	/* OUTBOX_EVENT_* */

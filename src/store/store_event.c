@@ -123,14 +123,15 @@ decode_headers(OutboxEvent *ev, Jsonb *jb)
 	ev->nheaders = values;
 }
 
-/* 8-4-4-4-12 lower-case hex, as uuid_out writes it: UUID_TEXT_LEN characters */
+/* a UUID's text: 32 hex digits and 4 dashes */
 #define UUID_TEXT_LEN	(UUID_LEN * 2 + 4)
 
+/* 8-4-4-4-12 lower-case hex, as uuid_out writes it */
 static char *
 format_uuid(const pg_uuid_t *uuid)
 {
 	static const char hex[] = "0123456789abcdef";
-	char	   *out = palloc(UUID_LEN * 2 + 5);
+	char	   *out = palloc(UUID_TEXT_LEN + 1);
 	char	   *p = out;
 	int			i;
 
@@ -303,27 +304,28 @@ OutboxStoreEventBytes(const OutboxEvent *ev)
 {
 	/* names of the fixed headers, and generous room for seq and version */
 	int64		bytes = 64 + 2 * 20;
-	int			i;
-
-	bytes += ev->payload_len + OutboxEventKeyLength(ev) +
+	/* what the CloudEvents attributes repeat */
+	int64		repeated = OutboxEventKeyLength(ev) +
 		text_len(ev, OUTBOX_HEADER_ID, ev->event_id) +
 		text_len(ev, OUTBOX_HEADER_EVENT_TYPE, ev->event_type) +
-		text_len(ev, OUTBOX_HEADER_AGGREGATE_TYPE, ev->aggregate_type) +
 		text_len(ev, OUTBOX_HEADER_AGGREGATE_ID, ev->aggregate_id) +
 		text_len(ev, OUTBOX_HEADER_OCCURRED_AT, ev->occurred_at);
+	int64		traceparent = ev->traceparent == NULL ? 0 :
+		text_len(ev, OUTBOX_HEADER_TRACEPARENT, ev->traceparent);
+	int			i;
+
+	bytes += ev->payload_len + repeated +
+		text_len(ev, OUTBOX_HEADER_AGGREGATE_TYPE, ev->aggregate_type);
 	if (ev->tenant != NULL)
 		bytes += text_len(ev, OUTBOX_HEADER_TENANT, ev->tenant) + 6;
 	if (ev->traceparent != NULL)
-		bytes += text_len(ev, OUTBOX_HEADER_TRACEPARENT, ev->traceparent) + 11;
+		bytes += traceparent + 11;
 	for (i = 0; i < ev->nheaders; i++)
 		bytes += strlen(ev->header_names[i]) + strlen(ev->header_values[i]);
 	if (outbox_message_format != OUTBOX_FORMAT_NATIVE)
 	{
 		/* the attributes' names, source and sequence, generously */
-		bytes += 256 + strlen(ev->event_id) + strlen(ev->event_type) +
-			strlen(ev->occurred_at) + strlen(ev->aggregate_id) + strlen(ev->key);
-		if (ev->traceparent != NULL)
-			bytes += strlen(ev->traceparent);
+		bytes += 256 + repeated + traceparent;
 		if (outbox_message_format == OUTBOX_FORMAT_CE_STRUCTURED &&
 			ev->payload_kind == OUTBOX_PAYLOAD_BYTES)
 			bytes += ev->payload_len / 3 + 4;
