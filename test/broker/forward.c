@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -112,6 +113,7 @@ accept_loop(void *arg)
 		int			client = accept(listener, NULL, NULL);
 		int			upstream;
 		int		   *fds;
+		int			one = 1;
 		pthread_t	thread;
 
 		if (client < 0)
@@ -134,6 +136,8 @@ accept_loop(void *arg)
 			free(fds);
 			continue;
 		}
+		/* both legs without Nagle, as the brokers' own (nodelay.c) */
+		(void) setsockopt(upstream, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		fds[0] = client;
 		fds[1] = upstream;
 		if (pthread_create(&thread, NULL, pump, fds) != 0)

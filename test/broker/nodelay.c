@@ -11,7 +11,8 @@
  * a producer that waits for its last acknowledgements waits that long,
  * which no Kafka cluster would make it wait.  So this program's accept()
  * and accept4(), which librdkafka's mock brokers call (and forward.c),
- * set TCP_NODELAY on the connection they return.
+ * set TCP_NODELAY on the connection they return.  glibc's own: they take
+ * its socket address type, and find the C library's with dlsym.
  *
  * IDENTIFICATION
  *	  test/broker/nodelay.c
@@ -20,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stddef.h>
@@ -48,6 +50,11 @@ accept(int fd, __SOCKADDR_ARG addr, socklen_t *len)
 	if (fn == NULL)
 	{
 		fn = (accept_fn) dlsym(RTLD_NEXT, "accept");
+		if (fn == NULL)
+		{
+			errno = ENOSYS;
+			return -1;
+		}
 		__atomic_store_n(&real, fn, __ATOMIC_RELEASE);
 	}
 	return no_delay(fn(fd, addr, len));
@@ -62,6 +69,11 @@ accept4(int fd, __SOCKADDR_ARG addr, socklen_t *len, int flags)
 	if (fn == NULL)
 	{
 		fn = (accept4_fn) dlsym(RTLD_NEXT, "accept4");
+		if (fn == NULL)
+		{
+			errno = ENOSYS;
+			return -1;
+		}
 		__atomic_store_n(&real, fn, __ATOMIC_RELEASE);
 	}
 	return no_delay(fn(fd, addr, len, flags));
