@@ -41,40 +41,37 @@ no_delay(int conn)
 	return conn;
 }
 
-int
-accept(int fd, __SOCKADDR_ARG addr, socklen_t *len)
+/* the C library's function name, found once into *slot; NULL and ENOSYS if none */
+static void *
+c_library(const char *name, void **slot)
 {
-	static accept_fn real;
-	accept_fn	fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+	void	   *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 
 	if (fn == NULL)
 	{
-		fn = (accept_fn) dlsym(RTLD_NEXT, "accept");
+		fn = dlsym(RTLD_NEXT, name);
 		if (fn == NULL)
-		{
 			errno = ENOSYS;
-			return -1;
-		}
-		__atomic_store_n(&real, fn, __ATOMIC_RELEASE);
+		else
+			__atomic_store_n(slot, fn, __ATOMIC_RELEASE);
 	}
-	return no_delay(fn(fd, addr, len));
+	return fn;
+}
+
+int
+accept(int fd, __SOCKADDR_ARG addr, socklen_t *len)
+{
+	static void *real;
+	accept_fn	fn = (accept_fn) c_library("accept", &real);
+
+	return fn == NULL ? -1 : no_delay(fn(fd, addr, len));
 }
 
 int
 accept4(int fd, __SOCKADDR_ARG addr, socklen_t *len, int flags)
 {
-	static accept4_fn real;
-	accept4_fn	fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+	static void *real;
+	accept4_fn	fn = (accept4_fn) c_library("accept4", &real);
 
-	if (fn == NULL)
-	{
-		fn = (accept4_fn) dlsym(RTLD_NEXT, "accept4");
-		if (fn == NULL)
-		{
-			errno = ENOSYS;
-			return -1;
-		}
-		__atomic_store_n(&real, fn, __ATOMIC_RELEASE);
-	}
-	return no_delay(fn(fd, addr, len, flags));
+	return fn == NULL ? -1 : no_delay(fn(fd, addr, len, flags));
 }
